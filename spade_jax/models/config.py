@@ -1,0 +1,60 @@
+"""Architecture hyper-parameters of the one decoder that serves Llama, Qwen3 and Qwen3-MoE."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and switches of a decoder-only transformer.
+
+    One dataclass for every family we support: Llama (SmolLM2), Qwen3 dense (q/k RMSNorm) and
+    Qwen3-MoE (routed experts). Frozen so it can be a static argument of jitted functions.
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    n_experts: int = 0  # 0 = dense MLP
+    n_experts_per_tok: int = 0
+    expert_ffn_dim: int = 0
+    norm_topk_prob: bool = True
+    max_position: int = 32768
+    family: str = "llama"  # llama | qwen3 | qwen3_moe: decides the HF layout on export
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def validate(self) -> None:
+        """Raise ValueError with an actionable message when the shapes cannot work."""
+        problems = []
+        if self.n_heads % self.n_kv_heads:
+            problems.append(
+                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            problems.append(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.is_moe and not 0 < self.n_experts_per_tok <= self.n_experts:
+            problems.append(
+                f"n_experts_per_tok={self.n_experts_per_tok} must be in 1..n_experts={self.n_experts}"
+            )
+        if self.is_moe and self.expert_ffn_dim <= 0:
+            problems.append("expert_ffn_dim must be > 0 for a mixture-of-experts model")
+        if self.family not in ("llama", "qwen3", "qwen3_moe"):
+            problems.append(f"family={self.family!r}: use one of llama, qwen3, qwen3_moe")
+        if problems:
+            raise ValueError("invalid model config: " + "; ".join(problems))
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
