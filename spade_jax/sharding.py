@@ -1,0 +1,76 @@
+"""Meshes and parameter shardings over the axes ('data', 'fsdp', 'tensor').
+
+Every parameter declares a logical PartitionSpec (NNX `sharding_names` metadata). A spec is
+fitted to a concrete mesh by dropping any axis that does not divide the dimension it shards
+(e.g. SmolLM2's 3 KV heads on a tensor axis of 4), so one model definition runs on any mesh.
+"""
+
+from __future__ import annotations
+
+import flax.nnx as nnx
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
+    """A ('data', 'fsdp', 'tensor') mesh; fails with an actionable message on a bad shape."""
+    devices = list(devices if devices is not None else jax.devices())
+    if len(shape) != 3 or any(int(s) < 1 for s in shape):
+        raise ValueError(f"mesh shape {shape} must be three positive ints (data, fsdp, tensor)")
+    needed = int(np.prod(shape))
+    if needed != len(devices):
+        raise ValueError(
+            f"mesh shape {tuple(shape)} needs {needed} devices but {len(devices)} are visible; "
+            f"set mesh.data * mesh.fsdp * mesh.tensor = {len(devices)}"
+        )
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def fit_spec(spec: PartitionSpec | tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Drop mesh axes from `spec` that do not divide the matching dimension of `shape`."""
+    fitted = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+        fitted.append(axes if names and dim % size == 0 else None)
+    return PartitionSpec(*fitted)
+
+
+def param_specs(state: nnx.State, mesh: Mesh) -> nnx.State:
+    """PartitionSpecs of every parameter in `state`, fitted to `mesh`."""
+    logical = nnx.get_partition_spec(state)
+    return jax.tree.map(
+        lambda spec, value: fit_spec(spec, value.shape, mesh),
+        logical,
+        state,
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+
+
+def param_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
+    """NamedShardings of every parameter in `state` on `mesh`."""
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec),
+        param_specs(state, mesh),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+
+
+def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
+    """Place every parameter of `model` on `mesh` according to its spec, in place."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, param_shardings(state, mesh)))
+    return model
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Sharding of a [batch, ...] array: batch split over ('data', 'fsdp')."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A fully replicated sharding on `mesh`."""
+    return NamedSharding(mesh, PartitionSpec())
