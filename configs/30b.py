@@ -1,0 +1,20 @@
+"""Qwen3-30B-A3B-Instruct-2507: the SPADE paper's model (48 layers, 128 experts, top-8).
+
+Point model.source at a local HF checkpoint directory (e.g. copied from a gs:// bucket).
+Experts are sharded over the 'tensor' axis; see spade_jax/models/transformer.py.
+"""
+
+from spade_jax.config import arch, base_config
+
+
+def get_config():
+    c = base_config()
+    c.model.source = "checkpoints/Qwen3-30B-A3B-Instruct-2507"
+    c.model.arch = arch(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4,
+                        head_dim=128, ffn_dim=6144, rope_theta=10000000.0, rms_eps=1e-6,
+                        tie_embeddings=False, qk_norm=True, n_experts=128, n_experts_per_tok=8,
+                        expert_ffn_dim=768, norm_topk_prob=True, family="qwen3_moe")
+    c.model.param_dtype = "bfloat16"
+    c.model.compute_dtype = "bfloat16"
+    c.mesh.update(dict(data=1, fsdp=-1, tensor=8))
+    return c

@@ -1,0 +1,27 @@
+"""SmolLM2-135M-Instruct on CPU: the embedded default, a few SPADE cycles in under 30 minutes."""
+
+from spade_jax.config import arch, base_config
+
+
+def get_config():
+    c = base_config()
+    c.total_cycles = 3
+    c.model.source = "smollm2-135m-instruct"
+    c.model.arch = arch(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                        head_dim=64, ffn_dim=1536, rope_theta=100000.0, rms_eps=1e-5,
+                        tie_embeddings=True, family="llama")
+    c.sampling.designer_max_new_tokens = 768
+    c.sampling.agent_max_new_tokens = 48
+    c.sampling.hint_max_new_tokens = 64
+    c.sampling.max_context = 4096
+    c.train.learning_rate = 1e-5
+    c.train.seq_len = 4096
+    c.train.micro_batch = 4
+    c.spade.regen_interval = 2
+    c.spade.skills_per_regen = 2
+    c.spade.games_per_cycle = 2
+    c.spade.plays_per_env = 4
+    c.spade.max_turns = 4
+    c.spade.max_attempts = 2
+    c.spade.replay_per_cycle = 2
+    return c
