@@ -1,0 +1,94 @@
+"""Training samples of both roles and their assembly into one padded policy-gradient batch.
+
+A sample is one token sequence (prompt + everything after it) with a mask over the tokens the
+policy generated, the log-probabilities the sampler recorded for them, and one scalar advantage
+broadcast to every generated token. Designer samples go first in the batch, so that trimming a
+batch to its size never drops every Designer sample (the reference's ordering).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+ROLES = ("designer", "agent")
+
+
+@dataclasses.dataclass
+class TrainSample:
+    """One sequence to train on. `loss_mask[i]` marks generated tokens; `old_logp` aligns."""
+
+    tokens: np.ndarray  # int32 [n]
+    loss_mask: np.ndarray  # bool [n]
+    old_logp: np.ndarray  # float32 [n], 0 where loss_mask is False
+    advantage: float
+    role: str
+    weight: float = 1.0  # e.g. replay priority weight of an Agent sample
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"role {self.role!r} is not one of {ROLES}")
+        n = len(self.tokens)
+        if len(self.loss_mask) != n or len(self.old_logp) != n:
+            raise ValueError(
+                f"tokens ({n}), loss_mask ({len(self.loss_mask)}) and old_logp "
+                f"({len(self.old_logp)}) must have the same length"
+            )
+
+
+def order_for_training(samples: list[TrainSample], max_samples: int | None = None) -> list[TrainSample]:
+    """Designer samples first, then Agent samples, trimmed to `max_samples`."""
+    ordered = [s for s in samples if s.role == "designer"] + [
+        s for s in samples if s.role == "agent"
+    ]
+    return ordered[:max_samples] if max_samples is not None else ordered
+
+
+def bucket_length(n: int, minimum: int = 64) -> int:
+    """Round a sequence length up to a power of two (few distinct shapes, few compiles)."""
+    length = minimum
+    while length < n:
+        length *= 2
+    return length
+
+
+def assemble_batch(
+    samples: list[TrainSample], *, pad_id: int, rows_multiple: int = 1, max_len: int | None = None
+) -> dict[str, np.ndarray]:
+    """Right-pad samples into arrays for the train step.
+
+    Returns tokens [B, T] int32, mask [B, T] (real tokens), loss_mask [B, T], old_logp [B, T],
+    advantages [B, T] (the sample's advantage times its weight on generated tokens) and
+    is_designer [B]. B is padded up to a multiple of `rows_multiple` (the data-parallel size)
+    with all-masked rows; T is bucketed. Sequences longer than `max_len` keep their first
+    `max_len` tokens.
+    """
+    if not samples:
+        raise ValueError("cannot assemble an empty batch")
+    longest = max(len(s.tokens) for s in samples)
+    if max_len is not None:
+        longest = min(longest, max_len)
+    length = bucket_length(longest)
+    if max_len is not None:
+        length = min(length, max_len)
+    rows = -(-len(samples) // rows_multiple) * rows_multiple
+    batch = {
+        "tokens": np.full((rows, length), pad_id, np.int32),
+        "mask": np.zeros((rows, length), bool),
+        "loss_mask": np.zeros((rows, length), bool),
+        "old_logp": np.zeros((rows, length), np.float32),
+        "advantages": np.zeros((rows, length), np.float32),
+        "is_designer": np.zeros((rows,), bool),
+    }
+    for row, sample in enumerate(samples):
+        n = min(len(sample.tokens), length)
+        batch["tokens"][row, :n] = sample.tokens[:n]
+        batch["mask"][row, :n] = True
+        batch["loss_mask"][row, :n] = sample.loss_mask[:n]
+        batch["old_logp"][row, :n] = np.where(sample.loss_mask[:n], sample.old_logp[:n], 0.0)
+        batch["advantages"][row, :n] = np.where(
+            sample.loss_mask[:n], sample.advantage * sample.weight, 0.0
+        )
+        batch["is_designer"][row] = sample.role == "designer"
+    return batch
