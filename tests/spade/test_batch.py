@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+
+from spade_jax.spade.batch import TrainSample, assemble_batch, bucket_length, order_for_training
+
+
+def sample(role, n, gen, adv=1.0, weight=1.0):
+    mask = np.zeros(n, bool)
+    mask[n - gen:] = True
+    return TrainSample(tokens=np.arange(1, n + 1, dtype=np.int32), loss_mask=mask,
+                       old_logp=np.where(mask, -0.5, 7.0).astype(np.float32),
+                       advantage=adv, role=role, weight=weight)
+
+
+def test_designer_samples_come_first_and_survive_trim():
+    samples = [sample("agent", 5, 2) for _ in range(6)] + [sample("designer", 9, 4)]
+    ordered = order_for_training(samples, max_samples=3)
+    assert [s.role for s in ordered] == ["designer", "agent", "agent"]
+
+
+def test_assemble_pads_masks_and_broadcasts_advantage():
+    batch = assemble_batch([sample("designer", 5, 2, adv=2.0, weight=0.5),
+                            sample("agent", 3, 1, adv=-1.0)], pad_id=0, rows_multiple=4)
+    assert batch["tokens"].shape == (4, 64)
+    assert batch["tokens"][0, :5].tolist() == [1, 2, 3, 4, 5]
+    assert batch["mask"][0].sum() == 5 and batch["mask"][2:].sum() == 0
+    assert batch["loss_mask"][0].tolist()[:6] == [False, False, False, True, True, False]
+    assert batch["advantages"][0, 3] == pytest.approx(1.0)  # advantage * weight
+    assert batch["advantages"][0, :3].sum() == 0  # only generated tokens carry advantage
+    assert batch["old_logp"][0, 0] == 0.0 and batch["old_logp"][0, 4] == pytest.approx(-0.5)
+    assert batch["is_designer"].tolist() == [True, False, False, False]
+
+
+def test_bucket_length_and_truncation():
+    assert [bucket_length(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
+    batch = assemble_batch([sample("agent", 300, 10)], pad_id=0, max_len=128)
+    assert batch["tokens"].shape == (1, 128)
+
+
+def test_mismatched_lengths_rejected():
+    with pytest.raises(ValueError, match="same length"):
+        TrainSample(np.zeros(3, np.int32), np.zeros(2, bool), np.zeros(3, np.float32), 0.0, "agent")
+    with pytest.raises(ValueError, match="role"):
+        TrainSample(np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.float32), 0.0, "x")
