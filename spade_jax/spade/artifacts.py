@@ -1,0 +1,52 @@
+"""What a run leaves in its workdir besides checkpoints: every environment as a `.py` file.
+
+`envs/cycle_XXXXX/<env_id>.py` holds the code exactly as validated (or as generated, for
+rejected attempts, under `rejected/`), next to `<env_id>.json` with its validation report and
+play statistics. Only process 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+class Artifacts:
+    """Writer of per-cycle environment files under `<workdir>/envs`."""
+
+    def __init__(self, workdir: str, *, enabled: bool = True):
+        self.root = os.path.join(workdir, "envs")
+        self.enabled = enabled
+
+    def write_cycle(self, cycle: int, attempts, played_envs, stats) -> None:
+        """Write generated attempts (valid and rejected) and the stats of every env played."""
+        if not self.enabled:
+            return
+        folder = os.path.join(self.root, f"cycle_{cycle:05d}")
+        os.makedirs(os.path.join(folder, "rejected"), exist_ok=True)
+        stats_by_id = {st.env_id: st.to_dict() for st in stats}
+        for a in attempts:
+            name = f"s{a.slot:03d}_a{a.attempt}_{a.skill.lower()}"
+            target = folder if a.valid else os.path.join(folder, "rejected")
+            code = a.report.code if a.report.code else a.completion.text
+            _write(os.path.join(target, name + ".py"), code)
+            _write(os.path.join(target, name + ".json"), json.dumps({
+                "skill": a.skill, "doc_id": a.doc_id, "valid": a.valid,
+                "failures": [list(f) for f in a.report.failures],
+            }, indent=1))
+        for env in played_envs:
+            _write(os.path.join(folder, f"played_{_safe(env.env_id)}.json"), json.dumps({
+                "env_id": env.env_id, "skill": env.skill, "hint": env.hint,
+                "stats": stats_by_id.get(env.env_id),
+            }, indent=1))
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

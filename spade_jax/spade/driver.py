@@ -1,0 +1,79 @@
+"""The training driver: set up, resume, run cycles, checkpoint, log, summarise.
+
+`run_training` is what `launch/train.py` calls. A run is resumable at every checkpoint: device
+state and all host state (memory, environment pool, blacklist, learning-potential trackers,
+cycle counter, metric history) are saved together, and every random draw of a cycle is derived
+from (seed, cycle), so a resumed run continues exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+from tqdm import tqdm
+
+from spade_jax import config as config_lib
+from spade_jax.checkpoint import Checkpointer
+from spade_jax.distributed import is_main_process
+from spade_jax.metrics import MetricsWriter, PhaseTimer
+from spade_jax.spade.artifacts import Artifacts
+from spade_jax.spade.corpus import load_corpus
+from spade_jax.spade.loop import HostState, run_cycle, summarize
+from spade_jax.spade.memory import EnvMemory
+
+
+def fresh_state(cfg, seed_envs) -> HostState:
+    """Cycle 0: memory seeded from our seed environments, no pool yet."""
+    memory = EnvMemory(capacity=cfg.memory.capacity, mode=cfg.memory.mode,
+                       staleness_coef=cfg.memory.staleness_coef)
+    memory.seed_from((e.name, e.skill, e.code) for e in seed_envs)
+    return HostState(cycle=0, memory=memory, pool=[])
+
+
+def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> list[dict]:
+    """Train for `cfg.total_cycles` cycles in `workdir`; returns the per-cycle metrics."""
+    from spade_jax.spade.runtime import Runtime
+
+    config_lib.validate(cfg, jax.device_count())
+    main = is_main_process()
+    rt = runtime or Runtime.create(cfg)
+    corpus = None
+    if cfg.mode == "spade" and not cfg.spade.no_corpus:
+        corpus = load_corpus(cfg.corpus.source, max_words=cfg.corpus.max_words,
+                             tfds_data_dir=cfg.corpus.data_dir or None)
+    checkpointer = Checkpointer(workdir, keep=cfg.keep_checkpoints)
+    state, history = fresh_state(cfg, rt.seed_envs), []
+    latest = checkpointer.latest_step() if resume else None
+    if latest is not None:
+        device_state, host = checkpointer.restore(latest, rt.device_state())
+        rt.set_device_state(device_state)
+        state, history = HostState.from_json(host["state"]), host["history"]
+        logging.info("resuming at cycle %d from %s", state.cycle, checkpointer.directory)
+    writer = MetricsWriter(workdir, enabled=main)
+    artifacts = Artifacts(workdir, enabled=main)
+    bar = tqdm(total=cfg.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)
+    try:
+        while state.cycle < cfg.total_cycles:
+            cycle = state.cycle
+            rt.timer = PhaseTimer()
+            metrics = run_cycle(rt, cfg, state, corpus, artifacts)
+            metrics.update(rt.timer.shares())
+            metrics["throughput/tokens_per_s"] = rt.pop_tokens_per_second()
+            writer.write(cycle, metrics)
+            history.append({"cycle": cycle, **metrics})
+            bar.update(1)
+            bar.set_postfix({k.split("/")[-1]: round(float(metrics[k]), 3) for k in
+                             ("designer/valid_rate", "regret/mean", "return/nohint")
+                             if k in metrics})
+            if state.cycle % cfg.checkpoint_every == 0 or state.cycle == cfg.total_cycles:
+                checkpointer.save(state.cycle, rt.device_state(),
+                                  {"state": state.to_json(), "history": history})
+    finally:
+        bar.close()
+        writer.close()
+        checkpointer.close()
+        rt.close()
+    if main and history:
+        print(summarize(history))
+    return history

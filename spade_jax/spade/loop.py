@@ -1,0 +1,324 @@
+"""One SPADE cycle, composed from small modules (DESIGN.md §4.1).
+
+    design (regen cycles) → hints → play K without / K with hint → regret and rewards →
+    advantages → one policy-gradient step on Designer + Agent samples → memory
+
+The device side (generation, multi-turn sampling, the train step) and the sandboxed environments
+are reached through a `Runtime` (spade/runtime.py); everything here is host-side bookkeeping.
+`mode='fixed'` is the paper's fixed-environment baseline: the same Agent training on a fixed
+pool of environments, no Designer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from spade_jax.rl.advantages import group_zscore_advantages
+from spade_jax.spade import hints as hint_lib
+from spade_jax.spade import prompts, regret, rewards
+from spade_jax.spade.batch import TrainSample, order_for_training
+from spade_jax.spade.designer import DesignAttempt, DesignedEnv, design_environments
+from spade_jax.spade.memory import EnvMemory, new_record
+from spade_jax.spade.rollout import Episode, EpisodeSpec
+
+
+@dataclasses.dataclass
+class HostState:
+    """Everything host-side that a checkpoint must restore for an exact resume."""
+
+    cycle: int
+    memory: EnvMemory
+    pool: list[DesignedEnv]  # environments played between regenerations
+    blacklist: set[str] = dataclasses.field(default_factory=set)
+    learning_potentials: dict[str, rewards.LearningPotentialState] = dataclasses.field(
+        default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "cycle": self.cycle,
+            "memory": self.memory.to_dict(),
+            "pool": [dataclasses.asdict(dataclasses.replace(e, attempt=None)) for e in self.pool],
+            "blacklist": sorted(self.blacklist),
+            "learning_potentials": {k: v.to_dict() for k, v in self.learning_potentials.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> HostState:
+        return cls(
+            cycle=int(data["cycle"]),
+            memory=EnvMemory.from_dict(data["memory"]),
+            pool=[DesignedEnv(**e) for e in data["pool"]],
+            blacklist=set(data["blacklist"]),
+            learning_potentials={k: rewards.LearningPotentialState.from_dict(v)
+                                 for k, v in data["learning_potentials"].items()},
+        )
+
+
+def episode_seed(run_seed: int, cycle: int, env_id: str, play: int) -> int:
+    """Counter-derived episode seed: the same (run, cycle, env, play) always gives the same seed.
+
+    Hint play i and no-hint play i share a seed, so their difference has low variance.
+    """
+    words = [run_seed, cycle, zlib.crc32(env_id.encode()), play]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def cycle_rng(run_seed: int, cycle: int, stream: int) -> np.random.Generator:
+    """Independent seeded generator per (run, cycle, purpose)."""
+    return np.random.default_rng([run_seed, cycle, stream])
+
+
+def active_skills(skills, skills_per_regen: int, regen_index: int) -> list[str]:
+    """Round-robin window of `skills_per_regen` skills for the `regen_index`-th regeneration."""
+    start = (regen_index * skills_per_regen) % len(skills)
+    return [skills[(start + i) % len(skills)] for i in range(skills_per_regen)]
+
+
+def designer_sample(rt, attempt: DesignAttempt, advantage: float) -> TrainSample:
+    """Training sample of one Designer generation (prompt tokens are not trained)."""
+    prompt_ids = rt.chat.prompt(attempt.messages)
+    completion = attempt.completion
+    tokens = np.asarray(list(prompt_ids) + list(completion.tokens), np.int32)
+    mask = np.zeros(len(tokens), bool)
+    mask[len(prompt_ids):] = True
+    logp = np.zeros(len(tokens), np.float32)
+    logp[len(prompt_ids):] = np.asarray(completion.logprobs, np.float32)
+    return TrainSample(tokens, mask, logp, float(advantage), "designer")
+
+
+def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> TrainSample:
+    return TrainSample(episode.tokens, episode.loss_mask, episode.old_logp, float(advantage),
+                       "agent", weight)
+
+
+def run_designer(rt, cfg, state: HostState, corpus, rng) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
+    """Ask the Designer for `games_per_cycle` environments (with retries) and their hints."""
+    s = cfg.spade
+    regen_index = state.cycle // s.regen_interval
+    window = active_skills(list(s.skills), s.skills_per_regen, regen_index)
+    slot_skills = [window[i % len(window)] for i in range(s.games_per_cycle)]
+    examples = prompts.worked_example(rt.seed_envs, s.game_type)
+
+    def build_prompt(slot, skill, attempt):
+        document = None if (s.no_corpus or corpus is None) else corpus.sample(rng)
+        memory = None if s.no_memory else state.memory.retrieve(skill, rng)
+        messages = prompts.designer_messages(
+            skill=skill, document=document.text if document else None, memory=memory,
+            example_code=examples, max_turns=s.max_turns, game_type=s.game_type)
+        return messages, (document.doc_id if document else None)
+
+    def generate(messages_list):
+        return rt.generate(messages_list, temperature=cfg.sampling.designer_temperature,
+                           max_new_tokens=cfg.sampling.designer_max_new_tokens,
+                           seed=int(rng.integers(2**31)))
+
+    attempts, admitted = design_environments(
+        slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,
+        validate=rt.validate, max_attempts=s.max_attempts)
+    admitted = [e for e in admitted if not state.memory.contains_hash_of(e.code)]
+    write_hints(rt, cfg, admitted, rng)
+    return attempts, admitted
+
+
+def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
+    """Fill `env.hint` per the hint mode; a hint that leaks the solution is dropped."""
+    if not envs:
+        return
+    solutions = [e.attempt.report.solution if e.attempt else "" for e in envs]
+    if cfg.spade.hint_mode == "designer":
+        texts = rt.env_hints([e.code for e in envs])
+    else:
+        completions = rt.generate(
+            [hint_lib.hint_messages(e.code, cfg.spade.game_type) for e in envs],
+            temperature=cfg.sampling.hint_temperature,
+            max_new_tokens=cfg.sampling.hint_max_new_tokens, seed=int(rng.integers(2**31)))
+        texts = [hint_lib.clean_hint(c.text) for c in completions]
+    for env, text, solution in zip(envs, texts, solutions, strict=True):
+        env.hint = "" if (not text or hint_lib.hint_leaks(text, solution or "")) else text
+
+
+def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[list[Episode]]:
+    """K no-hint then K hint plays of every env; returns per env [nohint..., hint...]."""
+    k = cfg.spade.plays_per_env
+    specs = []
+    for env in envs:
+        seeds = [episode_seed(cfg.seed, state.cycle, env.env_id, i) for i in range(k)]
+        specs += [EpisodeSpec(env.env_id, env.code, sd) for sd in seeds]
+        specs += [EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None) for sd in seeds]
+    episodes = rt.play(specs, seed=cfg.seed * 7919 + state.cycle)
+    return [episodes[i * 2 * k:(i + 1) * 2 * k] for i in range(len(envs))]
+
+
+def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
+    """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics."""
+    s = cfg.spade
+    rng = cycle_rng(cfg.seed, state.cycle, 0)
+    metrics: dict[str, float] = {}
+    attempts: list[DesignAttempt] = []
+    regen = state.cycle % s.regen_interval == 0
+    if cfg.mode == "fixed":
+        if not state.pool:
+            state.pool = rt.fixed_pool()
+    elif regen:
+        with rt.timer.phase("designer"):
+            attempts, admitted = run_designer(rt, cfg, state, corpus, rng)
+        metrics.update(validation_metrics(attempts))
+        metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
+        if admitted:
+            state.pool = admitted
+        elif state.pool:
+            rt.log("no valid environment this cycle: the Agent keeps training on the last pool")
+        else:
+            rt.log("no valid environment yet: the Agent trains on memory environments")
+
+    replayed = []
+    if not s.no_memory and s.replay_per_cycle > 0:
+        for record, prob in state.memory.sample_for_replay(s.replay_per_cycle, rng, state.cycle):
+            replayed.append((DesignedEnv(record.id, record.skill, record.code, record.doc_id,
+                                         record.cycle, hint=record.hint or ""), prob))
+    pool = [e for e in state.pool if e.env_id not in state.blacklist]
+    played_envs = pool + [e for e, _ in replayed]
+    if any(not e.hint for e, _ in replayed):
+        write_hints(rt, cfg, [e for e, _ in replayed if not e.hint], rng)
+    plays = play_pool(rt, cfg, state, played_envs) if played_envs else []
+
+    k = s.plays_per_env
+    stats = []
+    for env, episodes in zip(played_envs, plays, strict=True):
+        nohint, hinted = episodes[:k], episodes[k:]
+        n_failed = sum(e.failed for e in episodes)
+        stats.append(regret.play_stats(env.env_id, env.skill,
+                                       [e.episode_return for e in nohint],
+                                       [e.episode_return for e in hinted], n_failed=n_failed))
+        if any(e.status == "timeout" for e in episodes):
+            state.blacklist.add(env.env_id)
+
+    # Agent: per-environment z-scores over the no-hint plays; hint plays are never trained.
+    replay_weight = {e.env_id: 1.0 for e in pool}
+    if replayed:
+        probs = np.array([p for _, p in replayed])
+        for (env, _), p in zip(replayed, probs, strict=True):
+            replay_weight[env.env_id] = float(p * len(probs) / probs.sum())
+    groups = group_zscore_advantages([[e.episode_return for e in ep[:k]] for ep in plays]) \
+        if plays else None
+    agent_samples = []
+    for env, episodes, adv in zip(played_envs, plays, groups.advantages if groups else [],
+                                  strict=True):
+        agent_samples += [agent_sample(e, a, replay_weight[env.env_id])
+                          for e, a in zip(episodes[:k], adv, strict=True)]
+
+    designer_samples = []
+    if attempts and not s.no_designer_training:
+        designer_samples = designer_samples_for(rt, cfg, state, attempts, stats, len(agent_samples))
+
+    samples = order_for_training(designer_samples + agent_samples)
+    if samples:
+        with rt.timer.phase("training"):
+            metrics.update(rt.train(samples))
+    update_memory(state, stats, played_envs)
+    artifacts.write_cycle(state.cycle, attempts, played_envs, stats)
+    metrics.update(play_metrics(stats, plays, groups, len(designer_samples), len(agent_samples)))
+    state.cycle += 1
+    return metrics
+
+
+def designer_samples_for(rt, cfg, state, attempts, stats, n_agent) -> list[TrainSample]:
+    """Designer rewards (variant, penalties, per-skill centring, role scale) and samples."""
+    s = cfg.spade
+    by_env = {st.env_id: st for st in stats}
+    outcomes, kept = [], []
+    for attempt in attempts:
+        env_id = f"c{state.cycle:05d}_s{attempt.slot:03d}_{attempt.skill.lower()}"
+        if not attempt.valid:
+            outcomes.append(rewards.DesignerOutcome(attempt.skill, "invalid"))
+        elif env_id in state.blacklist:
+            outcomes.append(rewards.DesignerOutcome(attempt.skill, "step_timeout"))
+        elif env_id in by_env:
+            st = by_env[env_id]
+            outcomes.append(rewards.DesignerOutcome(attempt.skill, "ok", st.regret, st.mean_return))
+        else:
+            continue  # a valid duplicate of a memory environment: not played, not trained
+        kept.append(attempt)
+    if s.reward_variant == "learning_potential":
+        for o in outcomes:
+            state.learning_potentials.setdefault(o.skill, rewards.LearningPotentialState())
+    n_designer = sum(1 for o in outcomes if o.status != "invalid" or s.penalize_invalid)
+    scale = rewards.role_scale(n_agent, n_designer, s.regen_interval)
+    result = rewards.designer_rewards(outcomes, s.reward_variant, scale,
+                                      penalize_invalid=s.penalize_invalid,
+                                      learning_potentials=state.learning_potentials)
+    if s.reward_variant == "learning_potential":  # once per skill per cycle, as the reference
+        for skill in {o.skill for o in outcomes if o.status == "ok"}:
+            mean = float(np.mean([o.win_rate for o in outcomes
+                                  if o.skill == skill and o.status == "ok"]))
+            state.learning_potentials[skill] = rewards.update_learning_potential(
+                state.learning_potentials[skill], mean)
+    return [designer_sample(rt, a, adv)
+            for a, adv, trained in zip(kept, result.advantages, result.trained, strict=True)
+            if trained]
+
+
+def update_memory(state: HostState, stats, envs: list[DesignedEnv]) -> None:
+    """Store new environments with their play statistics; refresh replayed ones."""
+    for env, st in zip(envs, stats, strict=True):
+        if state.memory.has_id(env.env_id):
+            state.memory.update_stats(env.env_id, win_rate=st.win_rate, regret=st.regret,
+                                      r_hint=st.r_hint, r_nohint=st.r_nohint, cycle=state.cycle)
+        else:
+            state.memory.add(new_record(env.env_id, env.skill, env.code, cycle=state.cycle,
+                                        hint=env.hint, win_rate=st.win_rate, regret=st.regret,
+                                        r_hint=st.r_hint, r_nohint=st.r_nohint,
+                                        doc_id=env.doc_id))
+
+
+def validation_metrics(attempts: list[DesignAttempt]) -> dict[str, float]:
+    """Valid-environment rate and failure counts per validation check."""
+    out: dict[str, float] = {"designer/attempts": len(attempts),
+                             "designer/valid_rate": float(np.mean([a.valid for a in attempts]))
+                             if attempts else 0.0}
+    failures = defaultdict(int)
+    for a in attempts:
+        if not a.valid and a.report.failures:
+            failures[a.report.failures[0][0]] += 1
+    for check, count in failures.items():
+        out[f"designer/fail_{check}"] = count
+    return out
+
+
+def play_metrics(stats, plays, groups, n_designer, n_agent) -> dict[str, float]:
+    """Regret, hint / no-hint returns, and sample counts of a cycle."""
+    out: dict[str, float] = {"samples/designer": n_designer, "samples/agent": n_agent,
+                             "envs/played": len(stats)}
+    if stats:
+        regrets = np.array([st.regret for st in stats])
+        out.update({
+            "regret/mean": float(regrets.mean()), "regret/median": float(np.median(regrets)),
+            "regret/se_mean": float(np.mean([st.regret_se for st in stats])),
+            "return/hint": float(np.mean([st.r_hint for st in stats])),
+            "return/nohint": float(np.mean([st.r_nohint for st in stats])),
+            "agent/win_rate": float(np.mean([st.win_rate for st in stats])),
+            "episodes/failed": float(sum(st.n_failed for st in stats)),
+        })
+    if groups is not None:
+        out["agent/zero_variance_groups"] = groups.n_zero_variance
+    if plays:
+        eps = [e for p in plays for e in p]
+        out["agent/generated_tokens"] = float(sum(e.generated_tokens for e in eps))
+        out["agent/turns_mean"] = float(np.mean([e.turns for e in eps]))
+    return out
+
+
+def summarize(history: list[dict[str, Any]]) -> str:
+    """Markdown table of the headline figures per cycle, printed at the end of a run."""
+    cols = ["designer/valid_rate", "regret/mean", "return/nohint", "return/hint", "train/loss",
+            "time/cycle_s"]
+    lines = ["| cycle | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for row in history:
+        cells = [f"{row[c]:.3f}" if isinstance(row.get(c), (int, float)) else "-" for c in cols]
+        lines.append(f"| {row['cycle']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

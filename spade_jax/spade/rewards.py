@@ -1,0 +1,299 @@
+"""Returns and Designer rewards of SPADE, as pure functions (DESIGN §4.6).
+
+The mathematics reproduces the reference (`spade-rl/spade`: `spade/core/utils/rewards.py`,
+`spade/core/utils/delayed_env_rewards.py`, `spade/core/learning_potential.py`):
+
+* the Agent's episode return is outcome-only: ``clip(last_reward, -1, 1)`` if the episode
+  terminated, else 0; a crashed or timed-out episode scores -1;
+* a Designer sample gets a *raw* reward from one of four variants (``regret``, ``blend``,
+  ``solve_rate``, ``learning_potential``), or a fixed penalty (step timeout -0.5, invalid
+  generation -1 when ``penalize_invalid``);
+* raw rewards are centred per skill (mean only, no std: a small-batch std blows rewards up)
+  and multiplied by the role scale ``s = min(N_agent / N_designer * regen_interval, 50)``,
+  which compensates for Designer samples being rare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+STEP_TIMEOUT_PENALTY = -0.5
+INVALID_GENERATION_PENALTY = -1.0
+FAILED_EPISODE_RETURN = -1.0
+DESIGNER_REWARD_VARIANTS = ("regret", "blend", "solve_rate", "learning_potential")
+DESIGNER_STATUSES = ("ok", "step_timeout", "invalid")
+
+
+def episode_return(rewards: Sequence[float], terminated: bool, failed: bool = False) -> float:
+    """Agent return of one episode: outcome-only, in [-1, 1].
+
+    ``clip(rewards[-1], -1, 1)`` if the episode terminated, 0 if it was truncated or produced
+    no reward, and -1 if it ``failed`` (crashed or timed out in the sandbox), matching the
+    reference's ``episode_reward`` and its FAILED-trajectory score. Intermediate rewards are
+    ignored on purpose so that partial-credit farming earns nothing.
+    """
+    if failed:
+        return FAILED_EPISODE_RETURN
+    if not terminated or len(rewards) == 0:
+        return 0.0
+    last = float(rewards[-1])
+    if not math.isfinite(last):
+        raise ValueError(f"episode's last reward is not finite: {last!r}")
+    return min(1.0, max(-1.0, last))
+
+
+def plateau(win_rate: float, lo: float = 0.4, hi: float = 0.6, ramp: float = 0.25) -> float:
+    """Flat-top difficulty reward: 1 on [lo, hi], falling linearly to 0 over ``ramp``.
+
+    Pays environments the Agent wins about half of the time; trivial (win 1) and impossible
+    (win 0) environments earn 0. Reference ``plateau_reward``.
+    """
+    if win_rate < lo:
+        return max(0.0, 1.0 - (lo - win_rate) / ramp)
+    if win_rate > hi:
+        return max(0.0, 1.0 - (win_rate - hi) / ramp)
+    return 1.0
+
+
+def regret_reward(regret: float) -> float:
+    """Variant ``regret`` (paper headline): ``max(0, regret)``.
+
+    Negative hint regret is noise (the hint cannot make the task harder on average), so it is
+    floored rather than dropped.
+    """
+    return max(0.0, float(regret))
+
+
+def blend_reward(
+    regret: float,
+    win_rate: float,
+    *,
+    plateau_weight: float = 0.6,
+    regret_weight: float = 0.4,
+    regret_scale: float = 0.15,
+    regret_floor: bool = True,
+) -> float:
+    """Variant ``blend`` (released default): ``0.6*plateau(win) + 0.4*clip(regret/0.15, 0, 1)``.
+
+    The plateau term selects the difficulty band, the normalised regret term ranks the in-band
+    environments by how much the hint helps. ``regret_scale`` 0.15 is about the standard error
+    of the regret at K=8 binary plays. With ``regret_floor=False`` the normalised regret is not
+    clipped and the blend can go negative (such samples are masked, see `designer_rewards`).
+    ``win_rate`` is the mean return over the window, as in the reference.
+    """
+    normalised_regret = float(regret) / regret_scale
+    if regret_floor:
+        normalised_regret = min(1.0, max(0.0, normalised_regret))
+    return plateau_weight * plateau(win_rate) + regret_weight * normalised_regret
+
+
+def solve_rate_reward(win_rate: float) -> float:
+    """Variant ``solve_rate`` (ablation): the plateau term alone."""
+    return plateau(win_rate)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningPotentialState:
+    """EMA tracker of one skill's mean Agent return (reference ``LearningPotential``).
+
+    ``mu_fast`` / ``mu_slow`` are ``None`` until the first update. Immutable and JSON-friendly
+    (`to_dict` / `from_dict`) so that it is checkpointed with the host data.
+    """
+
+    gamma_fast: float = 0.98
+    gamma_slow: float = 0.85
+    mu_fast: float | None = None
+    mu_slow: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.gamma_fast > self.gamma_slow:
+            raise ValueError(
+                f"learning potential needs gamma_fast > gamma_slow, got "
+                f"{self.gamma_fast} <= {self.gamma_slow}"
+            )
+
+    @property
+    def scale(self) -> float:
+        """Normaliser ``1 / (2 (gamma_fast - gamma_slow))`` of the potential."""
+        return 1.0 / (2.0 * (self.gamma_fast - self.gamma_slow))
+
+    @property
+    def baseline(self) -> float:
+        """The slow EMA, the baseline of the ``learning_potential`` variant (0 before data)."""
+        return 0.0 if self.mu_slow is None else self.mu_slow
+
+    @property
+    def potential(self) -> float:
+        """``|mu_fast - mu_slow| * scale`` (0 before data)."""
+        if self.mu_fast is None or self.mu_slow is None:
+            return 0.0
+        return abs(self.mu_fast - self.mu_slow) * self.scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LearningPotentialState:
+        return cls(**dict(data))
+
+
+def update_learning_potential(
+    state: LearningPotentialState, mean_return: float
+) -> LearningPotentialState:
+    """One EMA step: ``mu <- (1 - gamma) * mu + gamma * r`` for both trackers.
+
+    The first observation initialises both means to ``r`` (reference behaviour). Note that in
+    the reference's parametrisation gamma weighs the *new* value.
+    """
+    r = float(mean_return)
+    if state.mu_fast is None or state.mu_slow is None:
+        return dataclasses.replace(state, mu_fast=r, mu_slow=r)
+    return dataclasses.replace(
+        state,
+        mu_fast=(1.0 - state.gamma_fast) * state.mu_fast + state.gamma_fast * r,
+        mu_slow=(1.0 - state.gamma_slow) * state.mu_slow + state.gamma_slow * r,
+    )
+
+
+def learning_potential_reward(mean_return: float, state: LearningPotentialState) -> float:
+    """Variant ``learning_potential``: ``|mean return of the env - mu_slow of its skill|``."""
+    return abs(float(mean_return) - state.baseline)
+
+
+@dataclasses.dataclass(frozen=True)
+class DesignerOutcome:
+    """What the Designer reward needs to know about one Designer sample.
+
+    ``status`` is ``ok`` (validated and played), ``step_timeout`` (an env call timed out;
+    the env is blacklisted) or ``invalid`` (the generation failed validation). ``win_rate`` is
+    the mean Agent return over the window (plateau input); ``regret`` is unfloored.
+    """
+
+    skill: str
+    status: str = "ok"
+    regret: float = 0.0
+    win_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in DESIGNER_STATUSES:
+            raise ValueError(
+                f"designer outcome status {self.status!r} is not one of {DESIGNER_STATUSES}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DesignerRewards:
+    """Per-sample raw reward, whether the sample is trained, and its advantage."""
+
+    raw: np.ndarray
+    trained: np.ndarray
+    advantages: np.ndarray
+
+
+def raw_designer_reward(
+    outcome: DesignerOutcome,
+    variant: str,
+    *,
+    learning_potentials: Mapping[str, LearningPotentialState] | None = None,
+    regret_floor: bool = True,
+) -> float:
+    """Raw reward of one Designer sample: a penalty for failures, else the variant's value.
+
+    ``regret_floor`` is passed to `blend_reward` (reference ``--spade-regret-floor``, on in
+    the recipe).
+    """
+    if variant not in DESIGNER_REWARD_VARIANTS:
+        raise ValueError(
+            f"unknown designer reward variant {variant!r}; choose one of "
+            f"{DESIGNER_REWARD_VARIANTS}"
+        )
+    if outcome.status == "step_timeout":
+        return STEP_TIMEOUT_PENALTY
+    if outcome.status == "invalid":
+        return INVALID_GENERATION_PENALTY
+    if variant == "regret":
+        return regret_reward(outcome.regret)
+    if variant == "blend":
+        return blend_reward(outcome.regret, outcome.win_rate, regret_floor=regret_floor)
+    if variant == "solve_rate":
+        return solve_rate_reward(outcome.win_rate)
+    if learning_potentials is None or outcome.skill not in learning_potentials:
+        raise ValueError(
+            f"variant 'learning_potential' needs a tracker for skill {outcome.skill!r}"
+        )
+    return learning_potential_reward(outcome.win_rate, learning_potentials[outcome.skill])
+
+
+def role_scale(
+    n_agent_samples: int, n_designer_samples: int, regen_interval: int, max_scale: float = 50.0
+) -> float:
+    """Designer advantage scale ``min(N_agent / N_designer * regen_interval, max_scale)``.
+
+    Designer samples are few (one per environment, once every ``regen_interval`` cycles); the
+    scale keeps their gradient comparable to the Agent's. 1.0 when either count is zero
+    (reference ``compute_env_reward_scale``).
+    """
+    if n_agent_samples <= 0 or n_designer_samples <= 0:
+        return 1.0
+    return min(n_agent_samples / n_designer_samples * regen_interval, max_scale)
+
+
+def center_per_skill(
+    raw: Sequence[float], skills: Sequence[str], trained: Sequence[bool] | None = None
+) -> np.ndarray:
+    """``raw - mean(raw of the trained samples of the same skill)``; 0 for untrained samples.
+
+    Mean-only centring (no std) as in the reference's ``_apply_centered_rewards``.
+    """
+    values = np.asarray(raw, dtype=np.float64)
+    if len(skills) != len(values):
+        raise ValueError(f"{len(values)} raw rewards but {len(skills)} skills")
+    mask = np.ones(len(values), bool) if trained is None else np.asarray(trained, dtype=bool)
+    centred = np.zeros_like(values)
+    skill_array = np.asarray(skills, dtype=object)
+    for skill in dict.fromkeys(skills):
+        members = (skill_array == skill) & mask
+        if members.any():
+            centred[members] = values[members] - values[members].mean()
+    return centred
+
+
+def designer_rewards(
+    outcomes: Sequence[DesignerOutcome],
+    variant: str,
+    scale: float,
+    *,
+    penalize_invalid: bool = True,
+    learning_potentials: Mapping[str, LearningPotentialState] | None = None,
+    regret_floor: bool = True,
+) -> DesignerRewards:
+    """Raw rewards, training mask and advantages ``(raw - skill mean) * scale`` of a batch.
+
+    A sample is not trained when it is ``invalid`` and ``penalize_invalid`` is off (the
+    reference retries silently and emits no sample), or, for ``blend``, when its raw reward
+    is negative, which needs ``regret_floor=False`` (reference mask against the
+    difficulty-easing death spiral: a negative sample centred back up would get a positive
+    advantage). Penalties (timeout, invalid) are kept and centred with their skill.
+    """
+    raw = np.array(
+        [
+            raw_designer_reward(
+                o, variant, learning_potentials=learning_potentials, regret_floor=regret_floor
+            )
+            for o in outcomes
+        ],
+        dtype=np.float64,
+    )
+    trained = np.ones(len(outcomes), dtype=bool)
+    for index, outcome in enumerate(outcomes):
+        if outcome.status == "invalid" and not penalize_invalid:
+            trained[index] = False
+        if variant == "blend" and outcome.status == "ok" and raw[index] < 0:
+            trained[index] = False
+    advantages = center_per_skill(raw, [o.skill for o in outcomes], trained) * scale
+    return DesignerRewards(raw=raw, trained=trained, advantages=advantages)

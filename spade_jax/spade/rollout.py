@@ -1,0 +1,197 @@
+"""Multi-turn play: the Agent and a batch of sandboxed environments, turn by turn.
+
+Every row of the batch is one episode (an environment, a seed, with or without hint). Each turn
+the sampler decodes the active rows' actions on the live KV cache; the environments step in
+their sandbox workers concurrently; each observation is appended to the cache as a new user turn
+(no re-prefill of earlier turns). The result per row is the whole token sequence with a mask of
+the tokens the policy generated and their sampling log-probabilities — a training sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from spade_jax.spade import hints as hint_lib
+from spade_jax.spade import rewards
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSpec:
+    """What to play: environment code, seed, and the hint to inject (None: no hint)."""
+
+    env_id: str
+    code: str
+    seed: int
+    hint: str | None = None
+
+
+@dataclasses.dataclass
+class Episode:
+    """A played episode: its token sequence (a training sample) and its outcome."""
+
+    spec: EpisodeSpec
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    old_logp: np.ndarray
+    rewards: list[float]
+    terminated: bool
+    status: str  # ok | crashed | timeout | context_full
+    turns: int
+    generated_tokens: int
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("crashed", "timeout")
+
+    @property
+    def episode_return(self) -> float:
+        return rewards.episode_return(self.rewards, self.terminated, failed=self.failed)
+
+
+class ConversationSampler(Protocol):
+    """Device side of a rollout: a batch of conversations on a live KV cache."""
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> Any: ...
+
+    def decode(self, session: Any, active: Sequence[bool], *, max_new_tokens: int,
+               temperature: float, seed: int) -> list[Any]: ...
+
+    def append(self, session: Any, tokens: dict[int, Sequence[int]]) -> None: ...
+
+
+class EnvRunner(Protocol):
+    """Host side of a rollout: many sandboxed environments stepped concurrently."""
+
+    def reset_many(self, specs: Sequence[EpisodeSpec]) -> list[Any]: ...
+
+    def step_many(self, handles_and_actions: Sequence[tuple[Any, str]]) -> list[Any]: ...
+
+    def close_many(self, handles: Sequence[Any]) -> None: ...
+
+
+class ChatFormat:
+    """Token-level chat turns for a tokenizer's template, derived from the template itself.
+
+    `prompt(messages)` gives the ids of a conversation ready for the assistant to answer;
+    `observation_turn(text, stopped)` gives the ids that close the assistant's turn (if it ended
+    without its end-of-turn token) and add a user turn holding an environment observation.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        probe = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+        closed = self._render(probe, add_generation_prompt=False)
+        following = self._render(probe + [{"role": "user", "content": "\x00OBS\x00"}], True)
+        if not following.startswith(closed):
+            raise ValueError("chat template does not extend conversations by appending turns")
+        end_of_answer = closed[closed.rindex("A") + 1:]
+        self._assistant_end = end_of_answer
+        self._user_prefix, self._user_suffix = following[len(closed):].split("\x00OBS\x00")
+        self.eos_id = tokenizer.eos_token_id
+
+    def _render(self, messages, add_generation_prompt) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self._render(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def observation_turn(self, observation: str, stopped_on_eos: bool) -> list[int]:
+        end = self._assistant_end
+        eos_text = self.tokenizer.eos_token or ""
+        if stopped_on_eos and end.startswith(eos_text):
+            end = end[len(eos_text):]
+        text = end + self._user_prefix + observation + self._user_suffix
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def play_episodes(
+    specs: Sequence[EpisodeSpec],
+    *,
+    sampler: ConversationSampler,
+    envs: EnvRunner,
+    chat: ChatFormat,
+    system_prompt: str,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    max_observation_chars: int = 4000,
+) -> list[Episode]:
+    """Play every spec to the end (or `max_turns`) and return one Episode per spec."""
+    n = len(specs)
+    starts = envs.reset_many(specs)
+    handles = [s.handle for s in starts]
+    prompts, failed = [], [not s.ok for s in starts]
+    for spec, start in zip(specs, starts, strict=True):
+        observation = start.observation if start.ok else ""
+        if spec.hint:
+            observation = hint_lib.inject_hint(observation, spec.hint)
+        messages = [{"role": "system", "content": system_prompt},
+                    {"role": "user", "content": observation[:max_observation_chars]}]
+        prompts.append(chat.prompt(messages))
+    session = sampler.start(prompts)
+    tokens = [list(p) for p in prompts]
+    loss_mask = [[False] * len(p) for p in prompts]
+    logps = [[0.0] * len(p) for p in prompts]
+    episode_rewards: list[list[float]] = [[] for _ in range(n)]
+    terminated = [False] * n
+    status = ["crashed" if f else "ok" for f in failed]
+    done = list(failed)
+    turns = [0] * n
+    generated = [0] * n
+    for turn in range(max_turns):
+        active = [not d for d in done]
+        if not any(active):
+            break
+        outputs = sampler.decode(session, active, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, seed=seed * 1_000_003 + turn)
+        rows = [i for i in range(n) if active[i]]
+        for i in rows:
+            out = outputs[i]
+            tokens[i] += list(out.tokens)
+            loss_mask[i] += [True] * len(out.tokens)
+            logps[i] += list(map(float, out.logprobs))
+            generated[i] += len(out.tokens)
+            turns[i] += 1
+        actions = [(handles[i], chat.tokenizer.decode(outputs[i].tokens, skip_special_tokens=True))
+                   for i in rows]
+        results = envs.step_many(actions)
+        appended = {}
+        for i, result in zip(rows, results, strict=True):
+            if not result.ok:
+                status[i], done[i] = result.status, True
+                continue
+            episode_rewards[i].append(float(result.reward))
+            if result.terminated or result.truncated:
+                terminated[i] = bool(result.terminated)
+                done[i] = True
+            elif turn + 1 < max_turns:
+                stopped = outputs[i].finish_reason == "stop"
+                appended[i] = chat.observation_turn(result.observation[:max_observation_chars],
+                                                    stopped)
+        appended = {i: ids for i, ids in appended.items() if sampler.fits(session, i, len(ids))}
+        for i in range(n):
+            if not done[i] and i in rows and i not in appended and turn + 1 < max_turns:
+                status[i], done[i] = "context_full", True
+        if appended:
+            sampler.append(session, appended)
+            for i, ids in appended.items():
+                tokens[i] += ids
+                loss_mask[i] += [False] * len(ids)
+                logps[i] += [0.0] * len(ids)
+    envs.close_many(handles)
+    return [
+        Episode(spec=specs[i], tokens=np.asarray(tokens[i], np.int32),
+                loss_mask=np.asarray(loss_mask[i], bool),
+                old_logp=np.asarray(logps[i], np.float32), rewards=episode_rewards[i],
+                terminated=terminated[i], status=status[i], turns=turns[i],
+                generated_tokens=generated[i])
+        for i in range(n)
+    ]
