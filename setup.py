@@ -19,7 +19,6 @@ CORE = [
     "numpy>=2.0",
     "tqdm>=4.66",
     "tensorboardX>=2.6",
-    "pyseccomp>=0.1.2",
 ]
 
 EXTRAS = {

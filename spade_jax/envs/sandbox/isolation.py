@@ -1,0 +1,159 @@
+"""Sandbox configuration, the worker command line, and the start-up probe of isolation layers.
+
+Layers, outermost first: bubblewrap (user/pid/net/ipc/uts namespaces, uid 65534, a read-only
+bind of only what Python needs, private tmpfs /tmp, cleared environment, --die-with-parent,
+--new-session), rlimits (address space, CPU, file size, open files, no core) and a seccomp
+filter (see `seccomp_filter.py`). Only the Python runtime, NumPy and the sandbox package are
+visible inside: binding all of `/` would let the sandbox user, mapped to the host's root, read
+root-owned files such as /etc/shadow.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+
+log = logging.getLogger(__name__)
+
+SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
+WORKER_SCRIPT = os.path.join(SANDBOX_DIR, "worker.py")
+TOOL_USE_PATH = os.path.join(os.path.dirname(SANDBOX_DIR), "tool_use.py")
+SANDBOX_UID = 65534
+
+
+class SandboxUnavailable(RuntimeError):
+    """Raised when the isolation layers required for untrusted code are not available."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and layers for sandbox workers; the defaults suit text games."""
+
+    memory_bytes: int = 1 << 30
+    cpu_seconds: int = 60
+    file_size_bytes: int = 16 << 20
+    open_files: int = 64
+    tmpfs_bytes: int = 64 << 20
+    output_cap_chars: int = 8192
+    reply_cap_bytes: int = 2 << 20
+    max_code_bytes: int = 512 << 10
+    call_timeout_s: float = 5.0
+    start_timeout_s: float = 30.0
+    use_bwrap: bool = True
+    use_seccomp: bool = True
+    allow_unsafe: bool = False
+
+    def worker_config(self) -> dict:
+        """The JSON configuration the worker receives on its command line."""
+        return {
+            "rlimits": {
+                "as": self.memory_bytes, "cpu": self.cpu_seconds,
+                "fsize": self.file_size_bytes, "nofile": self.open_files, "core": 0,
+            },
+            "seccomp": self.use_seccomp,
+            "output_cap": self.output_cap_chars,
+            "reply_cap": self.reply_cap_bytes,
+            "tool_use_path": TOOL_USE_PATH,
+        }
+
+
+_WORKER_ENV = {
+    "PYTHONHASHSEED": "0",  # set/dict-of-str order identical in every worker (determinism)
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+}
+
+
+def _readonly_paths() -> list[str]:
+    """Directories the interpreter, NumPy and the worker need, deduplicated, outermost first."""
+    paths = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, SANDBOX_DIR)]
+    paths.append(os.path.dirname(os.path.realpath(sys.executable)))
+    spec = importlib.util.find_spec("numpy")
+    if spec is not None and spec.origin:
+        paths.append(os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))))
+    if os.path.exists(TOOL_USE_PATH):
+        paths.append(os.path.realpath(TOOL_USE_PATH))
+    kept: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def bwrap_prefix(config: SandboxConfig) -> list[str]:
+    """The bubblewrap arguments that precede the worker's own command."""
+    args = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup-try", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+        "--ro-bind", "/usr", "/usr",
+    ]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for path in _readonly_paths():
+        args += ["--ro-bind", path, path]
+    args += [
+        "--dev", "/dev", "--proc", "/proc",
+        "--size", str(config.tmpfs_bytes), "--tmpfs", "/tmp",
+        "--chdir", "/tmp", "--clearenv",
+    ]
+    for key, value in _WORKER_ENV.items():
+        args += ["--setenv", key, value]
+    return args + ["--die-with-parent", "--new-session", "--"]
+
+
+def worker_command(config: SandboxConfig) -> list[str]:
+    """Full argv of a worker: [bwrap ...] python -s -B worker.py CONFIG."""
+    python = [os.path.realpath(sys.executable), "-s", "-B", WORKER_SCRIPT,
+              json.dumps(config.worker_config(), separators=(",", ":"))]
+    return (bwrap_prefix(config) + python) if config.use_bwrap else python
+
+
+def worker_env(config: SandboxConfig) -> dict:
+    """Minimal environment for the launched process, bwrap included: bwrap's own pid-1 copy
+    inside the namespace exposes its environment via /proc/1/environ, so it must hold no
+    host secrets."""
+    del config
+    return dict(_WORKER_ENV)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layers:
+    """Which isolation layers a probe found working."""
+
+    bwrap: bool
+    seccomp: bool
+    rlimits: tuple[str, ...]
+    detail: str = ""
+
+    def describe(self) -> str:
+        """One line for the log."""
+        text = (f"bwrap={'on' if self.bwrap else 'OFF'} seccomp={'on' if self.seccomp else 'OFF'} "
+                f"rlimits={','.join(self.rlimits) or 'none'}")
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+def check_policy(config: SandboxConfig, layers: Layers) -> None:
+    """Refuse untrusted code when the filesystem/namespace layer is missing, unless unsafe."""
+    if layers.bwrap or config.allow_unsafe:
+        if not layers.seccomp:
+            log.warning("sandbox: seccomp layer is off (%s)", layers.describe())
+        return
+    raise SandboxUnavailable(
+        "bubblewrap isolation is not working here, and rlimits alone do not contain designer "
+        f"code (a host file write got through in that mode). Probe: {layers.describe()}. "
+        "Install bubblewrap and enable unprivileged user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1), or pass allow_unsafe=True to run "
+        "without it on a throwaway machine."
+    )

@@ -1,0 +1,61 @@
+"""Contract helpers: code extraction, solution scripts, leak checks, lint, seccomp program."""
+
+import ast
+
+from spade_jax.envs import extract_code, hint_leaks, solution_actions
+from spade_jax.envs.lint import lint
+from spade_jax.envs.sandbox.isolation import Layers, SandboxConfig, SandboxUnavailable, check_policy
+from spade_jax.envs.sandbox.seccomp_filter import build_program
+
+
+def test_extract_code_takes_last_python_block_or_bare_code():
+    text = "intro\n```python\nx = 1\n```\nmore\n```python\nclass AEnv:\n    pass\n```\n"
+    assert extract_code(text) == "class AEnv:\n    pass"
+    assert extract_code("```\nclass BEnv: pass\n```") == "class BEnv: pass"
+    assert extract_code("class CEnv:\n    pass\n") == "class CEnv:\n    pass\n"
+    assert extract_code("I refuse.") is None and extract_code("") is None
+
+
+def test_solution_actions():
+    assert solution_actions("\\boxed{3} then \\boxed{a{b}}") == ["\\boxed{3}", "\\boxed{a{b}}"]
+    blocks = '<tool_call>{"name": "f"}</tool_call> x <answer>42</answer>'
+    assert solution_actions(blocks) == ['<tool_call>{"name": "f"}</tool_call>', "<answer>42</answer>"]  # noqa: E501
+    assert solution_actions(" left ") == ["\\boxed{left}"]
+
+
+def test_hint_leaks():
+    assert hint_leaks("The code is 537, try it", "\\boxed{537}")
+    assert not hint_leaks("Try a binary search over 10..999", "\\boxed{537}")
+    assert not hint_leaks("Think about 5375", "537")
+    assert not hint_leaks("go up 1 step", "1")  # too short to test
+
+
+def test_lint_flags_escapes_and_imports():
+    code = ("import os\nfrom subprocess import run\nx = ().__class__.__base__.__subclasses__()\n"
+            "open('f')\ngetattr(x, '__globals__')\nimport random\n")
+    problems = " ".join(lint(ast.parse(code)))
+    for needle in ("'os'", "'subprocess'", "__base__", "__subclasses__", "open()", "getattr"):
+        assert needle in problems
+    assert "random" not in problems
+
+
+def test_policy_refuses_rlimits_alone():
+    bare = Layers(bwrap=False, seccomp=True, rlimits=("as",))
+    try:
+        check_policy(SandboxConfig(), bare)
+    except SandboxUnavailable as exc:
+        assert "allow_unsafe" in str(exc)
+    else:
+        raise AssertionError("policy accepted rlimits alone")
+    check_policy(SandboxConfig(allow_unsafe=True), bare)
+
+
+def test_seccomp_program_is_well_formed():
+    for arch in ("x86_64", "aarch64"):
+        program = build_program(arch)
+        assert len(program) % 8 == 0 and len(program) // 8 < 4096
+
+
+def test_probe_reports_all_layers(pool):
+    assert pool.layers.bwrap and pool.layers.seccomp
+    assert set(pool.layers.rlimits) >= {"as", "cpu", "fsize", "nofile", "core"}

@@ -1,0 +1,112 @@
+"""EnvPool and load_env: the runtime contract, concurrency, failures as values, gymnasium."""
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from spade_jax.envs import EnvCrashed, load_env
+from tests.envs.conftest import case
+
+COUNTER = """
+class CounterEnv:
+    def __init__(self, max_turns=25):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        random.seed(seed)
+        self.n, self.goal = 0, random.randint(3, 6)
+        self.seen = Counter(); self.q = deque(); self.best = reduce(max, [1, 2])
+        print("reset called")
+        return "count up", {"goal_hidden": True}
+    def step(self, action):
+        self.n += 1
+        if action == "crash":
+            raise ValueError("boom")
+        if action == "badtype":
+            return 1, 2, 3
+        done = self.n >= self.goal
+        return f"n={self.n} r={random.random():.6f}", float(done), done, False, {"n": self.n}
+    def solution(self):
+        return "\\\\boxed{up}" * self.goal
+"""
+
+
+def test_start_step_and_captured_output(pool):
+    first = pool.start(COUNTER, seed=5)
+    assert first.ok and first.observation == "count up" and first.info == {"goal_hidden": True}
+    assert first.output == "reset called\n"
+    step = pool.step(first.handle, "go")
+    assert step.ok and step.observation.startswith("n=1") and step.info == {"n": 1}
+    assert pool.call(first.handle, "solution").value.count("boxed") >= 3
+    pool.close(first.handle)
+
+
+def test_same_seed_same_trajectory_in_fresh_workers(pool):
+    a, b = pool.start_many([(COUNTER, 11), (COUNTER, 11)])
+    for _ in range(3):
+        ra, rb = pool.step_many([(a.handle, "x"), (b.handle, "x")])
+        assert ra.observation == rb.observation
+    pool.close(a.handle)
+    pool.close(b.handle)
+
+
+def test_failures_are_results_not_exceptions(pool):
+    first = pool.start(COUNTER, seed=1)
+    crashed = pool.step(first.handle, "crash")
+    assert crashed.status == "crashed" and "boom" in crashed.error and crashed.done
+    again = pool.step(first.handle, "x")
+    assert again.status == "crashed" and "already ended" in again.error
+    second = pool.start(COUNTER, seed=1)
+    bad = pool.step(second.handle, "badtype")
+    assert bad.status == "crashed" and "5-tuple" in bad.error
+    assert pool.step(12345678, "x").status == "crashed"
+    broken = pool.start("class (", seed=0)
+    assert broken.status == "crashed" and "SyntaxError" in broken.error
+
+
+def test_truncation_after_max_turns(pool):
+    first = pool.start(case("good_guess"), seed=0, max_turns=3)
+    results = [pool.step(first.handle, "\\boxed{5}") for _ in range(3)]
+    assert [r.truncated for r in results] == [False, False, True]
+    pool.close(first.handle)
+
+
+def test_many_concurrent_episodes_in_completion_order(pool):
+    starts = pool.start_many([(case("good_guess"), seed) for seed in range(24)])
+    assert all(s.ok for s in starts)
+    pairs = [(s.handle, "\\boxed{500}") for s in starts]
+    results = list(pool.iter_step_many(pairs))
+    assert sorted(r.handle for r in results) == sorted(h for h, _ in pairs)
+    assert all(r.ok for r in results)
+    ordered = pool.step_many(pairs)
+    assert [r.handle for r in ordered] == [h for h, _ in pairs]
+    for s in starts:
+        pool.close(s.handle)
+
+
+def test_load_env_passes_gymnasium_check_env(pool):
+    env = load_env(case("good_guess"), max_turns=25, pool=pool)
+    assert isinstance(env, gymnasium.Env)
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, info = env.reset(seed=4)
+    assert "Guess" in obs
+    for _ in range(25):
+        obs, reward, terminated, truncated, info = env.step("\\boxed{5}")
+        if terminated or truncated:
+            break
+    assert truncated and not terminated
+    env.close()
+
+
+def test_load_env_rejects_broken_code(pool):
+    with pytest.raises(EnvCrashed, match="SyntaxError"):
+        load_env("class BrokenEnv(:\n", pool=pool)
+    with pytest.raises(EnvCrashed, match="exactly one"):
+        load_env("class AEnv: pass\nclass BEnv: pass\n", pool=pool)
+
+
+def test_load_env_step_crash_ends_episode(pool):
+    env = load_env(COUNTER, pool=pool)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("crash")
+    assert truncated and info["status"] == "crashed"
+    env.close()
