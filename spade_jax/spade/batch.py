@@ -37,7 +37,9 @@ class TrainSample:
             )
 
 
-def order_for_training(samples: list[TrainSample], max_samples: int | None = None) -> list[TrainSample]:
+def order_for_training(
+    samples: list[TrainSample], max_samples: int | None = None
+) -> list[TrainSample]:
     """Designer samples first, then Agent samples, trimmed to `max_samples`."""
     ordered = [s for s in samples if s.role == "designer"] + [
         s for s in samples if s.role == "agent"

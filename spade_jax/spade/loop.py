@@ -23,6 +23,7 @@ from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
 from spade_jax.spade.batch import TrainSample, order_for_training
 from spade_jax.spade.designer import DesignAttempt, DesignedEnv, design_environments
+from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.memory import EnvMemory, new_record
 from spade_jax.spade.rollout import Episode, EpisodeSpec
 
@@ -96,7 +97,9 @@ def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> Tra
                        "agent", weight)
 
 
-def run_designer(rt, cfg, state: HostState, corpus, rng) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
+def run_designer(
+    rt, cfg, state: HostState, corpus, rng
+) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
     """Ask the Designer for `games_per_cycle` environments (with retries) and their hints."""
     s = cfg.spade
     regen_index = state.cycle // s.regen_interval
@@ -126,20 +129,19 @@ def run_designer(rt, cfg, state: HostState, corpus, rng) -> tuple[list[DesignAtt
 
 
 def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
-    """Fill `env.hint` per the hint mode; a hint that leaks the solution is dropped."""
+    """Fill `env.hint` per the hint mode (the env runner leak-checks it per episode)."""
     if not envs:
         return
-    solutions = [e.attempt.report.solution if e.attempt else "" for e in envs]
     if cfg.spade.hint_mode == "designer":
-        texts = rt.env_hints([e.code for e in envs])
-    else:
-        completions = rt.generate(
-            [hint_lib.hint_messages(e.code, cfg.spade.game_type) for e in envs],
-            temperature=cfg.sampling.hint_temperature,
-            max_new_tokens=cfg.sampling.hint_max_new_tokens, seed=int(rng.integers(2**31)))
-        texts = [hint_lib.clean_hint(c.text) for c in completions]
-    for env, text, solution in zip(envs, texts, solutions, strict=True):
-        env.hint = "" if (not text or hint_lib.hint_leaks(text, solution or "")) else text
+        for env in envs:
+            env.hint = ENV_HINT
+        return
+    completions = rt.generate(
+        [hint_lib.hint_messages(e.code, cfg.spade.game_type) for e in envs],
+        temperature=cfg.sampling.hint_temperature,
+        max_new_tokens=cfg.sampling.hint_max_new_tokens, seed=int(rng.integers(2**31)))
+    for env, completion in zip(envs, completions, strict=True):
+        env.hint = hint_lib.clean_hint(completion.text) or ""
 
 
 def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[list[Episode]]:
@@ -271,7 +273,8 @@ def update_memory(state: HostState, stats, envs: list[DesignedEnv]) -> None:
                                       r_hint=st.r_hint, r_nohint=st.r_nohint, cycle=state.cycle)
         else:
             state.memory.add(new_record(env.env_id, env.skill, env.code, cycle=state.cycle,
-                                        hint=env.hint, win_rate=st.win_rate, regret=st.regret,
+                                        hint=None if env.hint == ENV_HINT else env.hint,
+                                        win_rate=st.win_rate, regret=st.regret,
                                         r_hint=st.r_hint, r_nohint=st.r_nohint,
                                         doc_id=env.doc_id))
 

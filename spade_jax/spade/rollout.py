@@ -21,7 +21,10 @@ from spade_jax.spade import rewards
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
-    """What to play: environment code, seed, and the hint to inject (None: no hint)."""
+    """What to play: environment code, seed, and the hint asked for (None: no hint).
+
+    The env runner resolves the hint the episode really sees (see `envrunner.ENV_HINT`).
+    """
 
     env_id: str
     code: str
@@ -129,10 +132,10 @@ def play_episodes(
     starts = envs.reset_many(specs)
     handles = [s.handle for s in starts]
     prompts, failed = [], [not s.ok for s in starts]
-    for spec, start in zip(specs, starts, strict=True):
+    for start in starts:
         observation = start.observation if start.ok else ""
-        if spec.hint:
-            observation = hint_lib.inject_hint(observation, spec.hint)
+        if start.ok and start.hint:
+            observation = hint_lib.inject_hint(observation, start.hint)
         messages = [{"role": "system", "content": system_prompt},
                     {"role": "user", "content": observation[:max_observation_chars]}]
         prompts.append(chat.prompt(messages))

@@ -1,0 +1,70 @@
+"""The rollout's host side: episodes in the sandbox pool, with hints resolved and leak-checked.
+
+A thin adapter from `EpisodeSpec`s to `spade_jax.envs.EnvPool`. It owns one decision the
+rollout should not care about: which hint an episode actually sees. `ENV_HINT` asks the
+environment's own `hint()` for the episode's seed (hint mode `designer`); any other text is
+used as given (mode `self`). In both cases a hint that contains the episode's `solution()` is
+dropped (and counted), so a leaking hint can never inflate regret.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from spade_jax.envs import EnvPool, hint_leaks
+from spade_jax.spade.hints import clean_hint
+
+ENV_HINT = "\x00env-hint\x00"
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeStart:
+    """First observation of an episode (or why it could not start) and the hint it gets."""
+
+    handle: int
+    ok: bool
+    status: str
+    observation: str
+    hint: str | None
+    error: str = ""
+
+
+class SandboxEnvRunner:
+    """Start, step and close many sandboxed episodes at once."""
+
+    def __init__(self, pool: EnvPool, max_turns: int):
+        self.pool = pool
+        self.max_turns = max_turns
+        self.leaked_hints = 0
+
+    def reset_many(self, specs: Sequence) -> list[EpisodeStart]:
+        results = self.pool.start_many([(s.code, s.seed) for s in specs], max_turns=self.max_turns)
+        starts = []
+        for spec, result in zip(specs, results, strict=True):
+            hint = self._resolve_hint(result.handle, spec.hint) if (result.ok and spec.hint) \
+                else None
+            starts.append(EpisodeStart(result.handle, result.ok, result.status,
+                                       result.observation, hint, result.error))
+        return starts
+
+    def _resolve_hint(self, handle: int, requested: str) -> str | None:
+        if requested == ENV_HINT:
+            answer = self.pool.call(handle, "hint")
+            requested = clean_hint(answer.value) if answer.ok and isinstance(answer.value, str) \
+                else None
+            if not requested:
+                return None
+        solution = self.pool.call(handle, "solution")
+        if solution.ok and isinstance(solution.value, str) and hint_leaks(requested,
+                                                                           solution.value):
+            self.leaked_hints += 1
+            return None
+        return requested
+
+    def step_many(self, handles_and_actions):
+        return self.pool.step_many(list(handles_and_actions))
+
+    def close_many(self, handles) -> None:
+        for handle in handles:
+            self.pool.close(handle)
