@@ -26,7 +26,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
     del argv
     from spade_jax import distributed
-    from spade_jax.spade.loop import run_training
+    from spade_jax.spade.driver import run_training
 
     distributed.initialize_from_environment()
     cfg = _CONFIG.value
