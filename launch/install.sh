@@ -6,9 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v bwrap >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap libseccomp2 >/dev/null
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+APT_NEEDED=""
+command -v bwrap >/dev/null 2>&1 || APT_NEEDED="bubblewrap"
+# The launch-script tests lint every shell script.
+[ "${1:-}" = "test" ] && ! command -v shellcheck >/dev/null 2>&1 && APT_NEEDED="$APT_NEEDED shellcheck"
+if [ -n "$APT_NEEDED" ]; then
+  # shellcheck disable=SC2086
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq $APT_NEEDED >/dev/null
 fi
 
 PIP="python -m pip install -q --disable-pip-version-check"
