@@ -1,0 +1,252 @@
+"""Memory plan: per-device HBM for a config on a TPU slice, from abstract shapes and real specs.
+
+    python -m spade_jax.plan --config=configs/30b.py --topology=v5p-64
+    python -m spade_jax.plan --config=configs/8b.py --devices=16 --hbm-gib=32
+
+Nothing is allocated: the model is built with `nnx.eval_shape`, and each parameter's spec is
+fitted to an `AbstractMesh` of the configured (data, fsdp, tensor) shape exactly as on real
+devices, so per-device parameter, gradient and AdamW bytes follow the real shardings. The KV
+cache (sampler batch x context) and training activations (one micro-batch, under the remat
+policy) are computed from the shapes our decoder materialises. Sampling and training alternate
+on the same devices, so the peak is the larger of the two phases; both keep parameters and
+optimizer state resident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AbstractMesh
+
+from spade_jax.errors import ConfigError
+from spade_jax.models.config import ModelConfig
+from spade_jax.models.transformer import Transformer
+from spade_jax.sharding import MESH_AXES, fit_spec
+
+GIB = 1 << 30
+# name prefix -> (HBM GiB per chip, chips per unit of the name's number)
+TOPOLOGIES = {"v5e": (16, 1.0), "v5litepod": (16, 1.0), "v5p": (95, 0.5), "v6e": (32, 1.0)}
+LOGITS_CHUNK = 1024  # tokens per log-prob chunk of the train step (never the full B x T x V)
+
+
+def topology_devices(name: str) -> tuple[int, float]:
+    """(chips, HBM GiB per chip) of a slice name like v5p-64 (v5p counts cores: 2 per chip)."""
+    match = re.fullmatch(r"(v5e|v5litepod|v5p|v6e)-(\d+)", name)
+    if match is None:
+        raise ConfigError(
+            f"unknown topology {name!r}: use v5e-N, v5p-N or v6e-N (e.g. v5p-64), or pass "
+            "--devices=N --hbm-gib=G"
+        )
+    hbm, chips_per_unit = TOPOLOGIES[match.group(1)]
+    return max(1, int(int(match.group(2)) * chips_per_unit)), float(hbm)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainShape:
+    """What the plan needs besides the architecture: dtypes, mesh, batch sizes, remat."""
+
+    param_dtype: str
+    compute_dtype: str
+    mesh: tuple[int, int, int]
+    remat: str
+    micro_batch: int
+    seq_len: int
+    rollout_batch: int
+    context_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device of each component, and the peaks of the two phases."""
+
+    n_params: int
+    parameters: int
+    optimizer: int
+    gradients: int
+    kv_cache: int
+    activations: int
+    attention_scores: int
+
+    @property
+    def sampling_peak(self) -> int:
+        return self.parameters + self.optimizer + self.kv_cache
+
+    @property
+    def training_peak(self) -> int:
+        return self.parameters + self.optimizer + self.gradients + self.activations
+
+    @property
+    def peak(self) -> int:
+        return max(self.sampling_peak, self.training_peak)
+
+
+def _per_device_elements(shape, spec, mesh: AbstractMesh) -> int:
+    fitted = fit_spec(spec, shape, mesh)
+    shards = 1
+    for axes in fitted:
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        shards *= math.prod(mesh.shape[a] for a in names)
+    return math.prod(shape) // shards
+
+
+def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
+    """Per-device memory of training `cfg` with `shape` (see the module docstring)."""
+    if shape.remat not in ("none", "block"):
+        raise ConfigError(f"train.remat={shape.remat!r}: use 'none' or 'block'")
+    mesh = AbstractMesh(shape.mesh, MESH_AXES)
+    data, fsdp, tensor = shape.mesh
+    param_bytes = np.dtype(jnp.dtype(shape.param_dtype)).itemsize
+    act_bytes = np.dtype(jnp.dtype(shape.compute_dtype)).itemsize
+    abstract = nnx.eval_shape(
+        lambda: Transformer(cfg, rngs=nnx.Rngs(0), param_dtype=jnp.dtype(shape.param_dtype))
+    )
+    state = nnx.state(abstract)
+    specs = nnx.get_partition_spec(state)
+    leaves = jax.tree.leaves(state)
+    is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
+    spec_leaves = jax.tree.leaves(specs, is_leaf=is_spec)
+    n_params = sum(math.prod(x.shape) for x in leaves)
+    local = sum(
+        _per_device_elements(x.shape, s, mesh) for x, s in zip(leaves, spec_leaves, strict=True)
+    )
+
+    # KV cache [L, B, S, K, Dh] x (k, v), batch over (data, fsdp), kv heads over tensor.
+    kv_shape = (cfg.n_layers, shape.rollout_batch, shape.context_len, cfg.n_kv_heads, cfg.head_dim)
+    kv_spec = (None, ("data", "fsdp"), None, "tensor", None)
+    kv = 2 * _per_device_elements(kv_shape, kv_spec, mesh) * act_bytes
+
+    # Activations of one micro-batch: sequences over (data, fsdp), features/heads over tensor.
+    seqs = math.ceil(shape.micro_batch / (data * fsdp))
+    tokens = seqs * shape.seq_len
+    heads = cfg.n_heads // tensor if cfg.n_heads % tensor == 0 else cfg.n_heads
+    mlp_width = cfg.n_experts_per_tok * cfg.expert_ffn_dim if cfg.is_moe else cfg.ffn_dim
+    per_token = 4 * cfg.d_model + (3 * cfg.n_heads + 4 * cfg.n_kv_heads) * cfg.head_dim
+    per_token += 3 * mlp_width + (cfg.n_experts if cfg.is_moe else 0)
+    layer_working_set = tokens * per_token * act_bytes // tensor
+    scores = 2 * seqs * heads * shape.seq_len**2 * 4  # f32 scores and probabilities per layer
+    if shape.remat == "block":  # each layer keeps its input; one layer's intermediates live
+        activations = cfg.n_layers * tokens * cfg.d_model * act_bytes // tensor
+        activations += layer_working_set + scores
+        attention_scores = scores
+    else:
+        activations = cfg.n_layers * (layer_working_set + scores)
+        attention_scores = cfg.n_layers * scores
+    vocab_local = cfg.vocab_size // tensor if cfg.vocab_size % tensor == 0 else cfg.vocab_size
+    activations += 2 * min(tokens, LOGITS_CHUNK) * vocab_local * 4
+    return MemoryPlan(
+        n_params=n_params,
+        parameters=local * param_bytes,
+        optimizer=2 * local * 4,
+        gradients=local * param_bytes,
+        kv_cache=kv,
+        activations=activations,
+        attention_scores=attention_scores,
+    )
+
+
+def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> int:
+    """Largest sampler batch (multiple of data*fsdp) whose sampling peak fits `hbm_bytes`."""
+    step = shape.mesh[0] * shape.mesh[1]
+    one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
+    per_step = one.kv_cache
+    free = hbm_bytes - one.parameters - one.optimizer
+    return max(0, free // per_step) * step if per_step else 0
+
+
+def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: float) -> str:
+    """A human-readable report of `plan` with its verdict against `hbm_gib` per device."""
+    g = lambda b: f"{b / GIB:9.2f} GiB"  # noqa: E731
+    hbm = hbm_gib * GIB
+    data, fsdp, tensor = shape.mesh
+    moe = " (routed top-k expert activations)" if cfg.is_moe else ""
+    lines = [
+        f"model {cfg.family}: {plan.n_params / 1e9:.2f}B parameters in {shape.param_dtype}, "
+        f"compute {shape.compute_dtype}",
+        f"mesh data={data} fsdp={fsdp} tensor={tensor} ({data * fsdp * tensor} devices, "
+        f"{hbm_gib:g} GiB HBM each)",
+        "per device:",
+        f"  parameters        {g(plan.parameters)}",
+        f"  optimizer (AdamW) {g(plan.optimizer)}   2 moments in float32",
+        f"  gradients         {g(plan.gradients)}",
+        f"  kv cache          {g(plan.kv_cache)}   {shape.rollout_batch} sequences x "
+        f"{shape.context_len} tokens",
+        f"  activations       {g(plan.activations)}   remat={shape.remat}, micro-batch "
+        f"{shape.micro_batch} x {shape.seq_len} tokens{moe}",
+        f"    of which attention scores {g(plan.attention_scores)} (materialised; a flash "
+        "kernel would not store them)",
+        f"  sampling peak     {g(plan.sampling_peak)}   parameters + optimizer + kv cache",
+        f"  training peak     {g(plan.training_peak)}   parameters + optimizer + gradients + "
+        "activations",
+    ]
+    verdict = "fits" if plan.peak <= hbm else "does NOT fit"
+    lines.append(f"verdict: {verdict} ({plan.peak / GIB:.1f} of {hbm_gib:g} GiB per device)")
+    if plan.sampling_peak > hbm:
+        lines.append(
+            f"  largest rollout batch that fits: {max_rollout_batch(cfg, shape, int(hbm))} "
+            f"sequences at {shape.context_len} tokens"
+        )
+    return "\n".join(lines)
+
+
+def plan_from_config(run_cfg, n_devices: int) -> tuple[ModelConfig, TrainShape]:
+    """The architecture and TrainShape of a run config (`configs/*.py`) on `n_devices`."""
+    from spade_jax import config as run_config
+
+    try:
+        mesh = run_config.mesh_shape(run_cfg, n_devices)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    shape = TrainShape(
+        param_dtype=run_cfg.model.param_dtype,
+        compute_dtype=run_cfg.model.get("compute_dtype", run_cfg.model.param_dtype),
+        mesh=mesh,
+        remat=run_cfg.train.remat,
+        micro_batch=int(run_cfg.train.micro_batch),
+        seq_len=int(run_cfg.train.seq_len),
+        rollout_batch=run_config.rollout_batch(run_cfg),
+        context_len=run_config.context_len(run_cfg),
+    )
+    return run_config.model_config(run_cfg), shape
+
+
+def main(argv) -> None:
+    """absl entry point: print the plan for --config on --topology (or --devices/--hbm-gib)."""
+    del argv
+    from absl import flags
+
+    FLAGS = flags.FLAGS
+    if FLAGS.topology:
+        n_devices, hbm_gib = topology_devices(FLAGS.topology)
+    elif FLAGS.devices and FLAGS.hbm_gib:
+        n_devices, hbm_gib = FLAGS.devices, FLAGS.hbm_gib
+    else:
+        raise ConfigError("pass --topology=v5p-64 (or v5e-N / v6e-N), or --devices=N --hbm-gib=G")
+    cfg, shape = plan_from_config(FLAGS.config, n_devices)
+    print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
+
+
+def _define_flags() -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "run config file, e.g. configs/30b.py")
+    flags.DEFINE_string("topology", None, "TPU slice: v5e-N, v5p-N (N cores) or v6e-N")
+    flags.DEFINE_integer("devices", None, "number of devices (instead of --topology)")
+    flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB (with --devices)")
+    flags.mark_flag_as_required("config")
+
+
+if __name__ == "__main__":
+    import sys
+
+    from absl import app
+
+    _define_flags()
+    sys.argv = [a.replace("--hbm-gib", "--hbm_gib", 1) for a in sys.argv]  # both spellings
+    app.run(main)

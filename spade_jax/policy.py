@@ -1,0 +1,147 @@
+"""`load_policy`: the user-facing facade over model, tokenizer, logits and generation.
+
+    policy = spade_jax.load_policy("smollm2-135m-instruct")   # or an HF directory, or a .gguf
+    policy.logits(tokens)                                     # [B, T, vocab] float32
+    policy.generate(["Hello"], max_new_tokens=32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from spade_jax.errors import ConfigError, MissingFileError
+from spade_jax.models.config import ModelConfig
+from spade_jax.models.transformer import Transformer, forward_logits
+from spade_jax.sharding import fit_spec, make_mesh, param_shardings
+from spade_jax.weights import (
+    load_gguf,
+    load_hf_model,
+    load_tokenizer,
+    smollm2_gguf_path,
+)
+
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m-instruct": smollm2_gguf_path}
+
+
+def _logits_fn(graphdef, state, tokens, mask):
+    return forward_logits(nnx.merge(graphdef, state), tokens, mask)
+
+
+class Policy:
+    """A loaded model with its tokenizer and mesh; `.logits` and `.generate` use it."""
+
+    def __init__(self, model: Transformer, tokenizer: Any, mesh: Mesh):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self._jitted: dict[tuple, Callable] = {}
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    def _sharding(self, spec: PartitionSpec, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
+
+    def logits(self, tokens, mask=None) -> jax.Array:
+        """Float32 logits [B, T, vocab] of int tokens [B, T]; `mask` marks real (non-pad) tokens.
+
+        Compiled once per input shape (the jitted function is cached on the policy).
+        """
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ConfigError(
+                f"tokens must be an int array [batch, time], got {tokens.dtype}{tokens.shape}"
+            )
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+            raise ConfigError(
+                f"token ids must lie in [0, {self.config.vocab_size}); got "
+                f"{tokens.min()}..{tokens.max()}"
+            )
+        mask = np.ones(tokens.shape, bool) if mask is None else np.asarray(mask, bool)
+        if mask.shape != tokens.shape:
+            raise ConfigError(f"mask shape {mask.shape} must equal tokens shape {tokens.shape}")
+        graphdef, state = nnx.split(self.model)
+        key = (graphdef, tokens.shape)
+        if key not in self._jitted:
+            batch = self._sharding(PartitionSpec(("data", "fsdp"), None), tokens.shape)
+            out = self._sharding(
+                PartitionSpec(("data", "fsdp"), None, "tensor"),
+                (*tokens.shape, self.config.vocab_size),
+            )
+            self._jitted[key] = jax.jit(
+                _logits_fn,
+                static_argnums=0,
+                in_shardings=(param_shardings(state, self.mesh), batch, batch),
+                out_shardings=out,
+            )
+        return self._jitted[key](graphdef, state, tokens.astype(np.int32), mask)
+
+    def generate(
+        self,
+        prompts,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop=None,
+        seed: int = 0,
+    ):
+        """Sample continuations of `prompts` with the jitted sampler (greedy by default)."""
+        from spade_jax import sampling  # the sampler imports the model; keep this module light
+
+        return sampling.generate(
+            self.model,
+            self.tokenizer,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop=stop,
+            seed=seed,
+            mesh=self.mesh,
+        )
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    if str(name_or_path).lower() in BUILTIN_MODELS:
+        return BUILTIN_MODELS[str(name_or_path).lower()]()
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise MissingFileError(
+            f"{name_or_path!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
+            "existing path; pass an HF checkpoint directory or a .gguf file"
+        )
+    if path.is_file() and path.suffix != ".gguf":
+        raise ConfigError(f"{path} is a file but not a .gguf; pass a .gguf or an HF directory")
+    return path
+
+
+def load_policy(
+    name_or_path: str | Path, *, mesh: Mesh | None = None, dtype=None
+) -> Policy:
+    """Load a policy by built-in name, HF safetensors directory, or `.gguf` file.
+
+    Parameters are placed on `mesh` (default: the first device) in `dtype` (default float32).
+    """
+    path = _resolve(name_or_path)
+    mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
+    try:
+        param_dtype = jnp.dtype(dtype or jnp.float32)
+    except TypeError as err:
+        raise ConfigError(f"dtype {dtype!r} is not a dtype; use 'float32' or 'bfloat16'") from err
+    if path.is_dir():
+        model = load_hf_model(path, mesh=mesh, param_dtype=param_dtype)
+    else:
+        model = load_gguf(path, mesh=mesh, param_dtype=param_dtype)
+    return Policy(model, load_tokenizer(path), mesh)

@@ -1,0 +1,60 @@
+"""load_policy: HF directories, GGUF, built-in names; jitted logits; clear errors."""
+
+import numpy as np
+import pytest
+import sentencepiece
+
+import spade_jax
+from spade_jax.errors import ConfigError, MissingFileError
+from spade_jax.models.transformer import forward_logits
+from spade_jax.weights import load_hf_model, load_tokenizer, save_hf
+
+pytest.importorskip("torch")
+from spade_jax.weights.tiny import write_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    """A tiny Qwen3 checkpoint exported with a (tiny sentencepiece) tokenizer."""
+    root = tmp_path_factory.mktemp("policy")
+    (root / "corpus.txt").write_text("play the maze game and find the key\n" * 40)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(root / "corpus.txt"), model_prefix=str(root / "tokenizer"), vocab_size=40,
+        model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+    )
+    model = load_hf_model(write_tiny_checkpoint("qwen3", root / "src"))
+    return save_hf(model, root / "policy", tokenizer=load_tokenizer(root / "tokenizer.model"))
+
+
+def test_policy_from_hf_directory(policy_dir):
+    policy = spade_jax.load_policy(policy_dir)
+    assert policy.config.family == "qwen3"
+    tokens = np.asarray([policy.tokenizer("find the key")["input_ids"]] * 2)
+    logits = policy.logits(tokens)
+    assert logits.shape == (*tokens.shape, policy.config.vocab_size)
+    np.testing.assert_allclose(logits, forward_logits(policy.model, tokens), atol=1e-6)
+    policy.logits(tokens)
+    assert len(policy._jitted) == 1  # second call reuses the compiled function
+    completions = policy.generate(["find the key"], max_new_tokens=3)
+    assert len(completions) == 1
+
+
+def test_policy_bad_inputs(policy_dir, tmp_path):
+    with pytest.raises(MissingFileError, match="smollm2-135m-instruct"):
+        spade_jax.load_policy("no-such-model")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not a .gguf"):
+        spade_jax.load_policy(tmp_path / "weights.bin")
+    policy = spade_jax.load_policy(policy_dir)
+    with pytest.raises(ConfigError, match="token ids must lie in"):
+        policy.logits(np.asarray([[0, 10_000]]))
+    with pytest.raises(ConfigError, match=r"\[batch, time\]"):
+        policy.logits(np.asarray([1, 2, 3]))
+
+
+@pytest.mark.slow
+def test_builtin_smollm2_policy():
+    policy = spade_jax.load_policy("smollm2-135m-instruct")
+    tokens = np.asarray([policy.tokenizer("The capital of France is")["input_ids"]])
+    next_token = int(np.asarray(policy.logits(tokens))[0, -1].argmax())
+    assert policy.tokenizer.decode(next_token).strip() == "Paris"
