@@ -13,9 +13,9 @@ def get_config():
     c.sampling.designer_max_new_tokens = 64
     c.sampling.agent_max_new_tokens = 16
     c.sampling.hint_max_new_tokens = 16
-    c.sampling.max_context = 2048
+    c.sampling.max_context = 4096
     c.train.learning_rate = 1e-4
-    c.train.seq_len = 2048
+    c.train.seq_len = 4096
     c.spade.skills_per_regen = 2
     c.spade.regen_interval = 2
     c.spade.games_per_cycle = 2
@@ -25,4 +25,5 @@ def get_config():
     c.spade.replay_per_cycle = 2
     c.spade.hint_mode = "designer"
     c.sandbox.warm_workers = 4
+    c.corpus.max_words = 300
     return c

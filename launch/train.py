@@ -28,6 +28,8 @@ def main(argv):
     from spade_jax import distributed
     from spade_jax.spade.driver import run_training
 
+    for noisy in ("absl", "orbax", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     distributed.initialize_from_environment()
     cfg = _CONFIG.value
     if _UNSAFE.value:

@@ -167,8 +167,7 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
         if not state.pool:
             state.pool = rt.fixed_pool()
     elif regen:
-        with rt.timer.phase("designer"):
-            attempts, admitted = run_designer(rt, cfg, state, corpus, rng)
+        attempts, admitted = run_designer(rt, cfg, state, corpus, rng)
         metrics.update(validation_metrics(attempts))
         metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
         if admitted:
@@ -220,8 +219,7 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
 
     samples = order_for_training(designer_samples + agent_samples)
     if samples:
-        with rt.timer.phase("training"):
-            metrics.update(rt.train(samples))
+        metrics.update(rt.train(samples))
     update_memory(state, stats, played_envs)
     artifacts.write_cycle(state.cycle, attempts, played_envs, stats)
     metrics.update(play_metrics(stats, plays, groups, len(designer_samples), len(agent_samples)))

@@ -9,6 +9,7 @@ the tokens the policy generated and their sampling log-probabilities — a train
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -53,17 +54,6 @@ class Episode:
     @property
     def episode_return(self) -> float:
         return rewards.episode_return(self.rewards, self.terminated, failed=self.failed)
-
-
-class ConversationSampler(Protocol):
-    """Device side of a rollout: a batch of conversations on a live KV cache."""
-
-    def start(self, prompts: Sequence[Sequence[int]]) -> Any: ...
-
-    def decode(self, session: Any, active: Sequence[bool], *, max_new_tokens: int,
-               temperature: float, seed: int) -> list[Any]: ...
-
-    def append(self, session: Any, tokens: dict[int, Sequence[int]]) -> None: ...
 
 
 class EnvRunner(Protocol):
@@ -117,7 +107,7 @@ class ChatFormat:
 def play_episodes(
     specs: Sequence[EpisodeSpec],
     *,
-    sampler: ConversationSampler,
+    sampler,
     envs: EnvRunner,
     chat: ChatFormat,
     system_prompt: str,
@@ -125,48 +115,53 @@ def play_episodes(
     max_new_tokens: int,
     temperature: float,
     seed: int,
-    max_observation_chars: int = 4000,
+    capacity: int,
+    max_observation_tokens: int = 512,
+    timer=None,
 ) -> list[Episode]:
-    """Play every spec to the end (or `max_turns`) and return one Episode per spec."""
+    """Play every spec to the end (or `max_turns`) and return one Episode per spec.
+
+    `sampler` is a `spade_jax.sampling.Sampler`; all episodes share one session (one KV cache
+    of `capacity` slots). An observation longer than about `max_observation_tokens` is cut; a row
+    whose next observation no longer fits in the cache ends with status 'context_full'.
+    """
+    phase = timer.phase if timer is not None else (lambda _name: contextlib.nullcontext())
     n = len(specs)
-    starts = envs.reset_many(specs)
-    handles = [s.handle for s in starts]
-    prompts, failed = [], [not s.ok for s in starts]
+    with phase("env"):
+        starts = envs.reset_many(specs)
+    prompts = []
     for start in starts:
         observation = start.observation if start.ok else ""
         if start.ok and start.hint:
             observation = hint_lib.inject_hint(observation, start.hint)
         messages = [{"role": "system", "content": system_prompt},
-                    {"role": "user", "content": observation[:max_observation_chars]}]
-        prompts.append(chat.prompt(messages))
-    session = sampler.start(prompts)
-    tokens = [list(p) for p in prompts]
-    loss_mask = [[False] * len(p) for p in prompts]
-    logps = [[0.0] * len(p) for p in prompts]
+                    {"role": "user", "content": observation}]
+        prompts.append(chat.prompt(messages)[-capacity // 2:])
+    with phase("sampling"):
+        session = sampler.start(prompts, capacity=capacity)
     episode_rewards: list[list[float]] = [[] for _ in range(n)]
     terminated = [False] * n
-    status = ["crashed" if f else "ok" for f in failed]
-    done = list(failed)
+    status = ["ok" if s.ok else "crashed" for s in starts]
+    done = [not s.ok for s in starts]
     turns = [0] * n
     generated = [0] * n
     for turn in range(max_turns):
-        active = [not d for d in done]
-        if not any(active):
+        rows = [i for i in range(n) if not done[i]]
+        if not rows:
             break
-        outputs = sampler.decode(session, active, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed * 1_000_003 + turn)
-        rows = [i for i in range(n) if active[i]]
+        with phase("sampling"):
+            outputs = session.decode(max_new_tokens, temperature=temperature,
+                                     stop_token_ids=[chat.eos_id], seed=seed * 1_000_003 + turn,
+                                     active=[not d for d in done])
         for i in rows:
-            out = outputs[i]
-            tokens[i] += list(out.tokens)
-            loss_mask[i] += [True] * len(out.tokens)
-            logps[i] += list(map(float, out.logprobs))
-            generated[i] += len(out.tokens)
+            generated[i] += len(outputs[i].tokens)
             turns[i] += 1
-        actions = [(handles[i], chat.tokenizer.decode(outputs[i].tokens, skip_special_tokens=True))
+        actions = [(starts[i].handle,
+                    chat.tokenizer.decode(outputs[i].tokens, skip_special_tokens=True))
                    for i in rows]
-        results = envs.step_many(actions)
-        appended = {}
+        with phase("env"):
+            results = envs.step_many(actions)
+        observations: list[list[int] | None] = [None] * n
         for i, result in zip(rows, results, strict=True):
             if not result.ok:
                 status[i], done[i] = result.status, True
@@ -175,26 +170,24 @@ def play_episodes(
             if result.terminated or result.truncated:
                 terminated[i] = bool(result.terminated)
                 done[i] = True
-            elif turn + 1 < max_turns:
-                stopped = outputs[i].finish_reason == "stop"
-                appended[i] = chat.observation_turn(result.observation[:max_observation_chars],
-                                                    stopped)
-        appended = {i: ids for i, ids in appended.items() if sampler.fits(session, i, len(ids))}
-        for i in range(n):
-            if not done[i] and i in rows and i not in appended and turn + 1 < max_turns:
-                status[i], done[i] = "context_full", True
-        if appended:
-            sampler.append(session, appended)
-            for i, ids in appended.items():
-                tokens[i] += ids
-                loss_mask[i] += [False] * len(ids)
-                logps[i] += [0.0] * len(ids)
-    envs.close_many(handles)
+            elif turn + 1 == max_turns:
+                done[i] = True
+            else:
+                text = result.observation[:4 * max_observation_tokens]
+                observations[i] = chat.observation_turn(text, outputs[i].finish_reason == "stop")
+        for i, ids in enumerate(observations):
+            if ids is not None and len(ids) + max_new_tokens > session.free_slots:
+                observations[i], status[i], done[i] = None, "context_full", True
+        if any(ids is not None for ids in observations):
+            with phase("sampling"):
+                session.append(observations)
+    with phase("env"):
+        envs.close_many([s.handle for s in starts])
     return [
-        Episode(spec=specs[i], tokens=np.asarray(tokens[i], np.int32),
-                loss_mask=np.asarray(loss_mask[i], bool),
-                old_logp=np.asarray(logps[i], np.float32), rewards=episode_rewards[i],
-                terminated=terminated[i], status=status[i], turns=turns[i],
-                generated_tokens=generated[i])
+        Episode(spec=specs[i], tokens=np.asarray(session.sequences[i], np.int32),
+                loss_mask=np.asarray(session.loss_masks[i], bool),
+                old_logp=np.asarray(session.logprobs[i], np.float32),
+                rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
+                turns=turns[i], generated_tokens=generated[i])
         for i in range(n)
     ]

@@ -1,0 +1,198 @@
+"""The runtime of a SPADE run: where device code (model, sampler, train step) meets host code
+(sandboxed environments). `loop.py` only talks to a Runtime, so it stays free of JAX.
+
+    rt = Runtime.create(cfg)
+    rt.generate(messages_list, ...)   # one-shot generation (Designer code, self hints)
+    rt.validate(text)                 # the validation gate, in the sandbox
+    rt.play(specs, seed=...)          # multi-turn Agent episodes on a live KV cache
+    rt.train(samples)                 # one policy-gradient step on the shared weights
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+
+from spade_jax import config as config_lib
+from spade_jax.envs import EnvPool, SandboxConfig, validate
+from spade_jax.envs.seeds import list_seed_envs
+from spade_jax.metrics import PhaseTimer
+from spade_jax.models.transformer import Transformer
+from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, make_train_step
+from spade_jax.sampling.sampler import Sampler
+from spade_jax.sharding import make_mesh
+from spade_jax.spade import prompts
+from spade_jax.spade.batch import TrainSample, assemble_batch
+from spade_jax.spade.designer import DesignedEnv
+from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
+from spade_jax.spade.rollout import ChatFormat, EpisodeSpec, play_episodes
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Completion:
+    """One generated answer: text without the end-of-turn token, tokens and their log-probs."""
+
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def load_model_and_tokenizer(cfg, mesh):
+    """The policy's model and tokenizer from `cfg.model` (a checkpoint, or random weights)."""
+    from spade_jax.policy import load_policy
+    from spade_jax.weights.gguf import smollm2_gguf_path
+    from spade_jax.weights.tokenizer import load_tokenizer
+
+    dtype = jnp.dtype(cfg.model.param_dtype)
+    if cfg.model.source == "random":
+        model = Transformer(config_lib.model_config(cfg), rngs=nnx.Rngs(cfg.seed),
+                            param_dtype=dtype)
+        name = cfg.model.tokenizer
+        path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
+        return model, load_tokenizer(path)
+    policy = load_policy(cfg.model.source, mesh=mesh, dtype=dtype)
+    if policy.config != config_lib.model_config(cfg):
+        log.warning("the checkpoint's architecture differs from config.model.arch; "
+                    "using the checkpoint's: %s", policy.config)
+    return policy.model, policy.tokenizer
+
+
+class Runtime:
+    """Model, sampler, optimizer state and sandbox pools of one run."""
+
+    def __init__(self, cfg, model, tokenizer, mesh):
+        self.cfg = cfg
+        self.mesh = mesh
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+        self.seed_envs = [e for e in list_seed_envs()
+                          if e.is_tool_use == (cfg.spade.game_type == "tool_use")]
+        t = cfg.train
+        self.train_config = TrainConfig(
+            learning_rate=t.learning_rate, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
+            max_grad_norm=t.grad_clip, clip_low=t.clip_low, clip_high=t.clip_high,
+            tis_cap=t.tis_cap or None, kl_coef=t.kl_coef, remat=t.remat == "block")
+        self.optimizer = make_optimizer(self.train_config)
+        self.train_state = init_train_state(model, self.optimizer, mesh)
+        self._steps: dict[int, object] = {}
+        self.sampler = Sampler(model, mesh=mesh)
+        sandbox = SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
+                                call_timeout_s=cfg.spade.step_timeout_s)
+        self.pool = EnvPool(sandbox, warm=cfg.sandbox.warm_workers, max_turns=cfg.spade.max_turns)
+        self.validation_pool = EnvPool(sandbox, warm=2, max_turns=cfg.spade.max_turns)
+        self.envs = SandboxEnvRunner(self.pool, cfg.spade.max_turns)
+        self.timer = PhaseTimer()
+        self._generated_tokens = 0
+        log.info("sandbox layers: %s", self.pool.layers)
+
+    @classmethod
+    def create(cls, cfg) -> Runtime:
+        mesh = make_mesh(config_lib.mesh_shape(cfg, jax.device_count()))
+        model, tokenizer = load_model_and_tokenizer(cfg, mesh)
+        return cls(cfg, model, tokenizer, mesh)
+
+    # ------------------------------------------------------------------ generation and play
+    def generate(self, messages_list, *, temperature: float, max_new_tokens: int,
+                 seed: int) -> list[Completion]:
+        """One answer per chat prompt, sampled on one KV cache."""
+        prompt_ids = [self.chat.prompt(m) for m in messages_list]
+        capacity = max(len(p) for p in prompt_ids) + max_new_tokens + 1
+        with self.timer.phase("sampling"):
+            session = self.sampler.start(prompt_ids, capacity=capacity)
+            outputs = session.decode(max_new_tokens, temperature=temperature,
+                                     stop_token_ids=[self.chat.eos_id], seed=seed)
+        self._generated_tokens += sum(len(o.tokens) for o in outputs)
+        return [Completion(self.tokenizer.decode(o.tokens, skip_special_tokens=True),
+                           o.tokens, o.logprobs, o.finish_reason) for o in outputs]
+
+    def validate(self, text: str):
+        with self.timer.phase("env"):
+            return validate(text, max_turns=self.cfg.spade.max_turns, pool=self.validation_pool)
+
+    def play(self, specs: list[EpisodeSpec], *, seed: int):
+        s, smp = self.cfg.spade, self.cfg.sampling
+        capacity = min(smp.max_context,
+                       2048 + s.max_turns * (smp.agent_max_new_tokens + 512))
+        episodes = play_episodes(
+            specs, sampler=self.sampler, envs=self.envs, chat=self.chat,
+            system_prompt=prompts.agent_system_prompt(s.game_type), max_turns=s.max_turns,
+            max_new_tokens=smp.agent_max_new_tokens, temperature=smp.agent_temperature,
+            seed=seed, capacity=capacity, timer=self.timer)
+        self._generated_tokens += sum(e.generated_tokens for e in episodes)
+        return episodes
+
+    def fixed_pool(self) -> list[DesignedEnv]:
+        """The fixed-environment baseline pool: seed environments or a directory of env files."""
+        import pathlib
+
+        source = self.cfg.fixed_pool
+        if source == "seeds":
+            items = [(e.name, e.skill, e.code) for e in self.seed_envs]
+        else:
+            files = sorted(pathlib.Path(source).expanduser().glob("*.py"))
+            if not files:
+                raise ValueError(f"fixed_pool={source!r} holds no .py environment files")
+            items = [(f.stem, "Unknown", f.read_text()) for f in files]
+        return [DesignedEnv(f"fixed:{name}", skill, code, None, 0, hint=ENV_HINT)
+                for name, skill, code in items]
+
+    # ------------------------------------------------------------------ training
+    def _train_step(self, micro_batches: int):
+        if micro_batches not in self._steps:
+            config = dataclasses.replace(self.train_config, micro_batches=micro_batches)
+            self._steps[micro_batches] = make_train_step(self.model.cfg, self.optimizer,
+                                                         self.mesh, config)
+        return self._steps[micro_batches]
+
+    def train(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step on `samples` (gradient accumulation over micro-batches)."""
+        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        rows_per_micro = -(-self.cfg.train.micro_batch // dp) * dp
+        micro_batches = -(-len(samples) // rows_per_micro)
+        batch = assemble_batch(samples, pad_id=0, rows_multiple=rows_per_micro,
+                               max_len=self.cfg.train.seq_len)
+        batch = {k: v for k, v in batch.items() if k != "is_designer"}
+        truncated = sum(len(s.tokens) > self.cfg.train.seq_len for s in samples)
+        if truncated:
+            log.warning("%d samples longer than train.seq_len=%d were cut", truncated,
+                        self.cfg.train.seq_len)
+        with self.timer.phase("training"):
+            self.train_state, metrics = self._train_step(micro_batches)(self.train_state, batch)
+            metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+        metrics["train/truncated_samples"] = float(truncated)
+        self._sync_weights()
+        return metrics
+
+    def _sync_weights(self) -> None:
+        nnx.update(self.model, self.train_state.params)
+        self.sampler.set_params(self.train_state.params)
+
+    # ------------------------------------------------------------------ checkpoint support
+    def device_state(self):
+        return self.train_state
+
+    def set_device_state(self, state) -> None:
+        self.train_state = state
+        self._sync_weights()
+
+    def pop_tokens_per_second(self) -> float:
+        """Generated tokens per second of sampling time since the last call."""
+        seconds = self.timer.seconds.get("sampling", 0.0)
+        rate = self._generated_tokens / seconds if seconds > 0 else 0.0
+        self._generated_tokens = 0
+        return float(rate)
+
+    def log(self, message: str) -> None:
+        log.warning(message)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.validation_pool.shutdown()
