@@ -33,7 +33,7 @@ class KVCache:
     v: jax.Array
 
     @classmethod
-    def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> "KVCache":
+    def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> KVCache:
         shape = (cfg.n_layers, batch, slots, cfg.n_kv_heads, cfg.head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
@@ -101,6 +101,7 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         cache_index: jax.Array | int = 0,
         compute_dtype=None,
+        remat: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         """Run the decoder on `tokens` [B, T] at rotary `positions` [B, T].
 
@@ -108,49 +109,26 @@ class Transformer(nnx.Module):
         (non-padding) tokens. With a cache, the T new keys/values are written to slots
         [cache_index, cache_index + T) and `kv_mask` [B, slots] marks the slots that hold real
         tokens (the new ones included); a query in slot i sees valid slots <= i.
+        `remat=True` recomputes each layer's activations in the backward pass (jax.checkpoint on
+        the scanned block): less memory for training, about a third more compute.
         Returns hidden states [B, T, D] after the final norm, and the updated cache.
         """
         cfg = self.cfg
         dtype = compute_dtype or self.embed.dtype
-        batch, length = tokens.shape
+        length = tokens.shape[1]
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dtype)
 
-        if cache is None:
-            causal = jnp.tril(jnp.ones((length, length), bool))
-            mask = causal[None] & kv_mask[:, None, :]
-        else:
-            query_slot = cache_index + jnp.arange(length)
-            key_slot = jnp.arange(cache.slots)
-            causal = key_slot[None, :] <= query_slot[:, None]
-            mask = causal[None] & kv_mask[:, None, :]
+        mask = attention_mask(kv_mask, length, cache_index if cache is not None else 0)
 
         def block(x, scanned):
             params, layer_k, layer_v = scanned
             params = jax.tree.map(lambda a: a.astype(dtype), params)
-            h = layers.rms_norm(x, params["attn_norm"], cfg.rms_eps)
-            q = jnp.einsum("btd,dhk->bthk", h, params["wq"])
-            k = jnp.einsum("btd,dhk->bthk", h, params["wk"])
-            v = jnp.einsum("btd,dhk->bthk", h, params["wv"])
-            if cfg.qk_norm:
-                q = layers.rms_norm(q, params["q_norm"], cfg.rms_eps)
-                k = layers.rms_norm(k, params["k_norm"], cfg.rms_eps)
-            q = layers.apply_rope(q, positions, cfg.rope_theta)
-            k = layers.apply_rope(k, positions, cfg.rope_theta)
-            if layer_k is not None:
-                k = jax.lax.dynamic_update_slice_in_dim(layer_k, k.astype(layer_k.dtype), cache_index, 1)
-                v = jax.lax.dynamic_update_slice_in_dim(layer_v, v.astype(layer_v.dtype), cache_index, 1)
-            attn = layers.attention(q, k.astype(dtype), v.astype(dtype), mask)
-            x = x + jnp.einsum("bthk,hkd->btd", attn, params["wo"])
-            h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
-            if cfg.is_moe:
-                x = x + layers.moe_mlp_dense(
-                    h, params["router"], params["w_gate"], params["w_up"], params["w_down"],
-                    cfg.n_experts_per_tok, cfg.norm_topk_prob,
-                )
-            else:
-                x = x + layers.swiglu_mlp(h, params["w_gate"], params["w_up"], params["w_down"])
-            return x, (k, v) if layer_k is not None else None
+            layer_cache = None if layer_k is None else (layer_k, layer_v)
+            x, kv = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)
+            return x, kv if layer_k is not None else None
 
+        if remat:
+            block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
         scanned = (
             self._layer_params(),
             None if cache is None else cache.k,
@@ -160,6 +138,26 @@ class Transformer(nnx.Module):
         hidden = layers.rms_norm(x, self.final_norm[...], cfg.rms_eps)
         new_cache = None if cache is None else KVCache(k=new_kv[0], v=new_kv[1])
         return hidden, new_cache
+
+    def layer_params(self, *, fuse: bool = False) -> list[dict[str, jax.Array]]:
+        """Per-layer weights for `unrolled_forward` (the sampler's layout).
+
+        `fuse=True` concatenates q/k/v and gate/up into one matrix each, so a decode step runs
+        three large matmuls per layer instead of six (measured faster on CPU). This copies the
+        weights once (outside any decode loop); use it where the extra memory is affordable.
+        """
+        stacked = self._layer_params()
+        per_layer = [{name: value[i] for name, value in stacked.items()}
+                     for i in range(self.cfg.n_layers)]
+        if not fuse:
+            return per_layer
+        for p in per_layer:
+            d_model = p["wq"].shape[0]
+            p["wqkv"] = jnp.concatenate(
+                [p.pop(n).reshape(d_model, -1) for n in ("wq", "wk", "wv")], axis=1)
+            if not self.cfg.is_moe:
+                p["w_gate_up"] = jnp.concatenate([p.pop("w_gate"), p.pop("w_up")], axis=1)
+        return per_layer
 
     def unembedding(self) -> jax.Array:
         """The [D, vocab] output projection (the transposed embedding when tied)."""
@@ -172,12 +170,106 @@ class Transformer(nnx.Module):
                           preferred_element_type=jnp.float32)
 
 
+def attention_mask(kv_mask: jax.Array, length: int, cache_index: jax.Array | int) -> jax.Array:
+    """[B, T, S] mask: query t (slot cache_index + t) sees valid slots at or before its own.
+
+    Without a cache pass cache_index=0 and kv_mask [B, T]: plain causal attention over T.
+    """
+    query_slot = cache_index + jnp.arange(length)
+    key_slot = jnp.arange(kv_mask.shape[-1])
+    causal = key_slot[None, :] <= query_slot[:, None]
+    return causal[None] & kv_mask[:, None, :]
+
+
+def decoder_block(
+    cfg: ModelConfig,
+    params: dict[str, jax.Array],
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    layer_cache: tuple[jax.Array, jax.Array] | None,
+    cache_index: jax.Array | int,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One decoder layer on x [B, T, D]; returns (x, (k, v)).
+
+    With `layer_cache` = (k, v) [B, slots, K, Dh] the new keys/values are written at
+    `cache_index` and attention runs over the whole cache; the returned (k, v) are the updated
+    cache. Projections are plain 2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast):
+    XLA-CPU runs multi-axis einsums several times slower. `params` may hold fused `wqkv` /
+    `w_gate_up` matrices (see `Transformer.layer_params(fuse=True)`).
+    """
+    batch, length, d_model = x.shape
+    n_q, n_kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    heads = lambda a, n: a.reshape(batch, length, n, cfg.head_dim)  # noqa: E731
+    h = layers.rms_norm(x, params["attn_norm"], cfg.rms_eps)
+    if "wqkv" in params:
+        qkv = h @ params["wqkv"]
+        q, k, v = qkv[..., :n_q], qkv[..., n_q:n_q + n_kv], qkv[..., n_q + n_kv:]
+    else:
+        q, k, v = (h @ params[n].reshape(d_model, -1) for n in ("wq", "wk", "wv"))
+    q, k, v = heads(q, cfg.n_heads), heads(k, cfg.n_kv_heads), heads(v, cfg.n_kv_heads)
+    if cfg.qk_norm:
+        q = layers.rms_norm(q, params["q_norm"], cfg.rms_eps)
+        k = layers.rms_norm(k, params["k_norm"], cfg.rms_eps)
+    q = layers.apply_rope(q, positions, cfg.rope_theta)
+    k = layers.apply_rope(k, positions, cfg.rope_theta)
+    if layer_cache is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(layer_cache[0], k.astype(layer_cache[0].dtype),
+                                                cache_index, 1)
+        v = jax.lax.dynamic_update_slice_in_dim(layer_cache[1], v.astype(layer_cache[1].dtype),
+                                                cache_index, 1)
+    attn = layers.attention(q, k.astype(x.dtype), v.astype(x.dtype), mask)
+    x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
+    h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
+    if cfg.is_moe:
+        x = x + layers.moe_mlp_dense(
+            h, params["router"], params["w_gate"], params["w_up"], params["w_down"],
+            cfg.n_experts_per_tok, cfg.norm_topk_prob,
+        )
+    elif "w_gate_up" in params:
+        gate_up = h @ params["w_gate_up"]
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        x = x + (jax.nn.silu(gate) * up) @ params["w_down"]
+    else:
+        x = x + layers.swiglu_mlp(h, params["w_gate"], params["w_up"], params["w_down"])
+    return x, (k, v)
+
+
+def unrolled_forward(
+    model: Transformer,
+    layer_params: list[dict[str, jax.Array]],
+    tokens: jax.Array,
+    positions: jax.Array,
+    kv_mask: jax.Array,
+    cache: list[tuple[jax.Array, jax.Array]],
+    cache_index: jax.Array | int,
+) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+    """The cached forward of `Transformer.__call__` with a Python loop over layers.
+
+    The sampler's path: weights come as per-layer arrays (`Transformer.layer_params`) and the
+    cache as one (k, v) pair [B, slots, K, Dh] per layer, so no decode step slices stacked
+    weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan, doubling
+    the bytes moved per token). Same masks and maths as `__call__` with a cache.
+    """
+    cfg = model.cfg
+    dtype = layer_params[0]["attn_norm"].dtype
+    x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
+    mask = attention_mask(kv_mask, tokens.shape[1], cache_index)
+    new_cache = []
+    for params, layer_cache in zip(layer_params, cache, strict=True):
+        x, kv = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)
+        new_cache.append(kv)
+    return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache
+
+
 def positions_from_mask(mask: jax.Array) -> jax.Array:
     """Rotary positions for left-padded rows: 0 at the first real token, counting up."""
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def forward_logits(model: Transformer, tokens: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+def forward_logits(
+    model: Transformer, tokens: jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
     """Full-sequence float32 logits [B, T, vocab] for (optionally left-padded) tokens."""
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)

@@ -1,0 +1,89 @@
+"""Train-step throughput: spade_jax PPO step vs a PyTorch step on the same model (same run).
+
+    python bench/train_step.py [--batch 8] [--seq 256] [--runs 3] [--remat]
+
+SmolLM2-135M-Instruct, float32, 2 threads. Ours: chunked log-probs + PPO-clip loss + backward
++ global-norm clip + AdamW (the real RL step). Baseline: transformers forward with labels
+(full logits, cross-entropy) + backward + torch AdamW + zero_grad. tokens/s = batch x seq /
+median step time over --runs after one warm-up (which compiles ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from sampler import gguf_path  # bench/sampler.py
+
+
+def timed(fn, runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--remat", action="store_true")
+    args = parser.parse_args()
+
+    import jax
+    import numpy as np
+    import torch
+    import transformers
+
+    import spade_jax
+    from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, make_train_step
+    from spade_jax.sharding import make_mesh
+
+    torch.set_num_threads(2)
+    b, t = args.batch, args.seq
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 49152, (b, t)).astype(np.int32)
+
+    policy = spade_jax.load_policy("smollm2-135m-instruct")
+    config = TrainConfig(learning_rate=1e-5, remat=args.remat)
+    optimizer = make_optimizer(config)
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    state = {"s": init_train_state(policy.model, optimizer, mesh)}
+    step = make_train_step(policy.config, optimizer, mesh, config)
+    batch = dict(tokens=tokens, loss_mask=np.ones((b, t), np.float32),
+                 advantages=rng.normal(size=b).astype(np.float32),
+                 old_logp=np.full((b, t), -10.0, np.float32))
+
+    def ours():
+        state["s"], metrics = step(state["s"], batch)
+        jax.block_until_ready(metrics)
+
+    path = gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32).train()
+    torch_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5, betas=(0.9, 0.98), weight_decay=0.1)
+    ids = torch.from_numpy(tokens.astype(np.int64))
+
+    def baseline():
+        loss = hf(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+        torch_opt.step()
+        torch_opt.zero_grad()
+
+    print(f"load average {os.getloadavg()[0]:.2f} (2 cores; other work skews the figures)")
+    ours_s = timed(ours, args.runs)
+    hf_s = timed(baseline, args.runs)
+    print(f"ours    {ours_s:7.2f} s/step  {b * t / ours_s:7.1f} tok/s")
+    print(f"pytorch {hf_s:7.2f} s/step  {b * t / hf_s:7.1f} tok/s")
+    print(f"ratio   {hf_s / ours_s:.2f}x   (load average {os.getloadavg()[0]:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Per-token log-probabilities from hidden states, in sequence chunks.
+
+The full [B, T, vocab] logits never exist: a `lax.scan` over chunks of `chunk_size` positions
+computes each chunk's float32 logits, keeps only the target token's log-probability and, under
+`jax.checkpoint`, recomputes the chunk in the backward pass instead of storing it (at 152k vocab,
+64k tokens of float32 logits would take 39 GB).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from spade_jax.models.transformer import Transformer, positions_from_mask
+
+
+def chunked_target_logprobs(
+    hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, chunk_size: int = 256
+) -> jax.Array:
+    """log softmax(hidden @ unembedding)[targets] for hidden [B, T, D], targets [B, T] -> [B, T]."""
+    batch, length, d_model = hidden.shape
+    chunk_size = min(chunk_size, length)
+    n_chunks = -(-length // chunk_size)
+    pad = n_chunks * chunk_size - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    hidden = hidden.reshape(batch, n_chunks, chunk_size, d_model).swapaxes(0, 1)
+    targets = targets.reshape(batch, n_chunks, chunk_size).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk_logprobs(h, t):
+        logits = jnp.einsum("bcd,dv->bcv", h, unembedding.astype(h.dtype),
+                            preferred_element_type=jnp.float32)
+        target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        return target - jax.nn.logsumexp(logits, axis=-1)
+
+    _, logp = jax.lax.scan(lambda c, xs: (c, chunk_logprobs(*xs)), None, (hidden, targets))
+    return logp.swapaxes(0, 1).reshape(batch, n_chunks * chunk_size)[:, :length]
+
+
+def token_logprobs(
+    model: Transformer,
+    tokens: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    chunk_size: int = 256,
+    remat: bool = False,
+) -> jax.Array:
+    """logp [B, T] with logp[:, t] = log p(tokens[:, t] | tokens[:, :t]) and logp[:, 0] = 0.
+
+    `mask` [B, T] marks real tokens (left or right padding); float32 throughout the softmax.
+    This alignment is the one `Session.training_arrays` uses for old_logp.
+    """
+    if mask is None:
+        mask = jnp.ones(tokens.shape, bool)
+    hidden, _ = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat)
+    logp = chunked_target_logprobs(hidden[:, :-1], model.unembedding(), tokens[:, 1:], chunk_size)
+    return jnp.pad(logp, ((0, 0), (1, 0)))

@@ -1,0 +1,17 @@
+"""Jitted KV-cache sampling: `generate` for one-shot text, `Sampler`/`Session` for multi-turn."""
+
+from spade_jax.sampling.generate import Completion, encode_prompt, generate, sampler_for
+from spade_jax.sampling.sampler import CacheFullError, Sampler, Session, TurnOutput
+from spade_jax.sampling.sampling_fns import select_tokens
+
+__all__ = [
+    "CacheFullError",
+    "Completion",
+    "Sampler",
+    "Session",
+    "TurnOutput",
+    "encode_prompt",
+    "generate",
+    "sampler_for",
+    "select_tokens",
+]

@@ -1,0 +1,374 @@
+"""KV-cache sampler: jitted extend (prefill / append) and a `lax.while_loop` decode.
+
+Cache layout. One (k, v) pair [B, slots, K, Dh] per layer plus `kv_mask` [B, slots] that marks
+the slots holding real tokens. All rows share one write index: every extend or decode step
+writes the same slot range for the whole batch, and rows that have nothing to write there
+(padding, finished or inactive rows) leave those slots masked out. Rotary positions are per
+row (a row's position counts its real tokens), so gaps in the cache never change the maths:
+a row attends exactly to its own tokens in order, whatever the padding — which is what makes
+left-padding invariance and "appending equals re-prefilling" hold.
+
+Every row always has one *pending* token: the last token of its sequence, not yet in the cache.
+Prefill writes a prompt's tokens but the last; a decode step writes the pending token and
+samples the next one, which becomes pending; an append writes the pending token and the
+observation but its last token. So prefill and append are the same jitted `extend`, and a turn
+that ended on a stop token needs no extra forward pass.
+
+Capacity: the slot count is fixed when a session starts. Slots are consumed by the longest row
+of each extend block and by every decode step while any row runs, so rows that finish early
+waste slots; size `capacity` for the whole conversation. A decode that runs out of slots ends
+the running rows with finish reason 'length'; an append that does not fit raises
+`CacheFullError`.
+
+Shapes that reach the compiler are bucketed (extend width, decode buffer, stop-id list), and
+temperature / top-k / top-p / seed / limits are traced, so a session compiles a handful of
+programs once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import partial
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from spade_jax.models.transformer import Transformer, unrolled_forward
+from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
+from spade_jax.sharding import fit_spec, make_mesh, param_shardings
+
+_MIN_BUCKET = 16
+_STOP_ID_SLOTS = 8
+
+
+class CacheFullError(ValueError):
+    """An append needs more cache slots than the session has left."""
+
+
+def bucket(n: int, minimum: int = _MIN_BUCKET) -> int:
+    """Smallest power of two >= max(n, minimum): the few lengths we compile for."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass
+class TurnOutput:
+    """What one row generated in one `Session.decode` call."""
+
+    tokens: list[int]
+    logprobs: list[float]  # raw policy log-softmax (temperature 1): PPO old_logp
+    sampling_logprobs: list[float]  # under the distribution actually sampled from
+    finish_reason: str  # 'stop' | 'length'
+
+
+def _extend(graphdef, state, layer_params, cache, kv_mask, tokens, token_mask, positions, index):
+    model = nnx.merge(graphdef, state)
+    layer_params = layer_params if layer_params is not None else model.layer_params()
+    kv_mask = jax.lax.dynamic_update_slice(kv_mask, token_mask, (0, index))
+    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_mask, cache, index)
+    return cache, kv_mask
+
+
+def _decode(graphdef, state, layer_params, cache, kv_mask, pending, positions, index, limits,
+            stop_ids, temperature, top_k, top_p, seed, row_ids, *, buffer_len, max_top_k):
+    model = nnx.merge(graphdef, state)
+    layer_params = layer_params if layer_params is not None else model.layer_params()
+    batch, slots = kv_mask.shape
+    max_steps = jnp.minimum(jnp.max(limits), slots - index)
+    rows = jnp.arange(batch)
+    buffers = (jnp.zeros((batch, buffer_len), jnp.int32),
+               jnp.zeros((batch, buffer_len), jnp.float32),
+               jnp.zeros((batch, buffer_len), jnp.float32))
+    zeros = jnp.zeros((batch,), jnp.int32)
+    init = (jnp.int32(0), cache, kv_mask, pending, positions, limits > 0, zeros,
+            jnp.zeros((batch,), bool), buffers)
+
+    def cond(carry):
+        step, *_, running, _, _, _ = carry
+        return (step < max_steps) & jnp.any(running)
+
+    def body(carry):
+        step, cache, kv_mask, pending, positions, running, n_gen, stopped, buffers = carry
+        slot = index + step
+        kv_mask = jax.lax.dynamic_update_slice(kv_mask, running[:, None], (0, slot))
+        hidden, cache = unrolled_forward(
+            model, layer_params, pending[:, None], positions[:, None], kv_mask, cache, slot
+        )
+        logits = model.logits(hidden[:, 0])
+        keys = row_keys(seed, row_ids, positions + 1)
+        token, logp, sampling_logp = select_tokens(
+            logits, keys, temperature=temperature, top_k=top_k, top_p=top_p, max_top_k=max_top_k
+        )
+        column = jnp.where(running, n_gen, buffer_len)  # out of range: dropped
+        buffers = tuple(
+            buf.at[rows, column].set(val, mode="drop")
+            for buf, val in zip(buffers, (token, logp, sampling_logp), strict=True)
+        )
+        n_gen = n_gen + running
+        positions = positions + running
+        pending = jnp.where(running, token, pending)
+        hit_stop = running & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        stopped = stopped | hit_stop
+        running = running & ~hit_stop & (n_gen < limits)
+        return step + 1, cache, kv_mask, pending, positions, running, n_gen, stopped, buffers
+
+    steps, cache, kv_mask, *_, n_gen, stopped, buffers = jax.lax.while_loop(cond, body, init)
+    return cache, kv_mask, buffers, n_gen, stopped, steps
+
+
+class Sampler:
+    """Owns the compiled extend/decode programs for one model on one mesh.
+
+    `set_params(state)` swaps in new weights (e.g. after a train step) without recompiling.
+    `fuse_weights` (default: on for CPU) keeps a per-layer copy of the weights with q/k/v and
+    gate/up concatenated — faster decode on CPU at the cost of a second copy of the weights.
+    """
+
+    def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
+                 max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None):
+        self.cfg = model.cfg
+        self.mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
+        self.max_top_k = max_top_k
+        self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
+        self.graphdef, state = nnx.split(model)
+        self._state_shardings = param_shardings(state, self.mesh)
+        self._prepare = jax.jit(
+            lambda s: nnx.merge(self.graphdef, s).layer_params(fuse=True),
+            in_shardings=(self._state_shardings,),
+        )
+        self._jitted: dict = {}
+        self.set_params(state)
+
+    @property
+    def batch_multiple(self) -> int:
+        """Batches are padded to a multiple of the data-parallel size ('data' x 'fsdp')."""
+        return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+    def set_params(self, state: nnx.State) -> None:
+        """Use these weights from now on (same structure as the model's state)."""
+        self.state = jax.device_put(state, self._state_shardings)
+        self.layer_params = self._prepare(self.state) if self.fuse_weights else None
+
+    def compile_count(self) -> int:
+        """Programs compiled so far (tests use it to prove that knobs do not recompile)."""
+        return sum(f._cache_size() for f in self._jitted.values()) + self._prepare._cache_size()
+
+    def batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
+        spec = PartitionSpec(("data", "fsdp"), *([None] * (len(shape) - 1)))
+        return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
+
+    def _cache_sharding(self, shape):
+        spec = PartitionSpec(("data", "fsdp"), None, "tensor", None)
+        return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
+
+    def new_cache(self, batch: int, slots: int) -> tuple[list, jax.Array]:
+        """Empty per-layer cache and kv_mask for `batch` rows and `slots` slots."""
+        cfg = self.cfg
+        shape = (batch, slots, cfg.n_kv_heads, cfg.head_dim)
+        dtype = self.state["embed"][...].dtype
+        sharding = self._cache_sharding(shape)
+        make = jax.jit(lambda: [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+                                for _ in range(cfg.n_layers)],
+                       out_shardings=[(sharding, sharding)] * cfg.n_layers)
+        kv_mask = jax.device_put(np.zeros((batch, slots), bool),
+                                 self.batch_sharding((batch, slots)))
+        return make(), kv_mask
+
+    def _program(self, name: str, batch: int, slots: int, **static):
+        key = (name, batch, slots, tuple(sorted(static.items())))
+        if key in self._jitted:
+            return self._jitted[key]
+        cache_sh = [(self._cache_sharding((batch, slots, self.cfg.n_kv_heads,
+                                           self.cfg.head_dim)),) * 2] * self.cfg.n_layers
+        row = self.batch_sharding((batch,))
+        mat = self.batch_sharding((batch, 2))
+        scalar = NamedSharding(self.mesh, PartitionSpec())
+        params = jax.tree.map(lambda a: a.sharding, self.layer_params)
+        head = (self._state_shardings, params, cache_sh, mat)
+        if name == "extend":
+            fn = partial(_extend, self.graphdef)
+            in_sh = (*head, mat, mat, mat, scalar)
+            out_sh = (cache_sh, mat)
+        else:
+            fn = partial(_decode, self.graphdef, max_top_k=self.max_top_k, **static)
+            in_sh = (*head, row, row, scalar, row, scalar, scalar, scalar, scalar, scalar, row)
+            out_sh = (cache_sh, mat, (mat, mat, mat), row, row, scalar)
+        self._jitted[key] = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh,
+                                    donate_argnums=(2, 3))
+        return self._jitted[key]
+
+    def start(self, prompts: Sequence[Sequence[int]], *, capacity: int) -> Session:
+        """Prefill `prompts` (token ids, each non-empty) into a session with `capacity` slots."""
+        return Session(self, prompts, capacity)
+
+
+class Session:
+    """A batch of conversations living in one KV cache; the host-facing multi-turn API.
+
+        session = sampler.start(prompt_ids, capacity=4096)
+        turn = session.decode(max_new_tokens=256, temperature=0.7, stop_token_ids=[eos])
+        session.append([obs_ids_or_None_per_row])       # observations, any lengths
+        turn = session.decode(max_new_tokens=256, active=still_playing)
+        batch = session.training_arrays()                # tokens, loss_mask, old_logp, ...
+
+    Per row the session keeps the full token sequence, a loss mask (1 on sampled tokens only)
+    and the log-probabilities of the sampled tokens, aligned with the tokens.
+    """
+
+    def __init__(self, sampler: Sampler, prompts: Sequence[Sequence[int]], capacity: int):
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.sampler = sampler
+        self.num_rows = len(prompts)
+        multiple = sampler.batch_multiple
+        self.batch = -(-self.num_rows // multiple) * multiple
+        self.slots = -(-int(capacity) // _MIN_BUCKET) * _MIN_BUCKET
+        self.sequences = [list(map(int, p)) for p in prompts]
+        self.loss_masks = [[0] * len(p) for p in prompts]
+        self.logprobs = [[0.0] * len(p) for p in prompts]
+        self.sampling_logprobs = [[0.0] * len(p) for p in prompts]
+        self.write_index = 0
+        self.cache, self.kv_mask = sampler.new_cache(self.batch, self.slots)
+        self._extend([p[:-1] for p in self.sequences])
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.write_index
+
+    def _check_fits(self, n_tokens: int) -> None:
+        if n_tokens > self.free_slots:
+            raise CacheFullError(
+                f"writing {n_tokens} tokens needs {n_tokens} cache slots but only "
+                f"{self.free_slots} of {self.slots} are left; start the session with a larger "
+                "capacity"
+            )
+
+    def _extend(self, blocks: list[list[int]]) -> None:
+        """Write each row's `blocks[r]` (right-aligned in one bucketed block) into the cache."""
+        longest = max((len(b) for b in blocks), default=0)
+        if longest == 0:
+            return
+        self._check_fits(longest)
+        width = bucket(longest) if bucket(longest) <= self.free_slots else longest
+        tokens = np.zeros((self.batch, width), np.int32)
+        mask = np.zeros((self.batch, width), bool)
+        positions = np.zeros((self.batch, width), np.int32)
+        for r, block in enumerate(blocks):
+            if block:
+                n = len(block)
+                tokens[r, width - n:] = block
+                mask[r, width - n:] = True
+                # The block ends just before the row's pending (last) token.
+                positions[r, width - n:] = len(self.sequences[r]) - 1 - n + np.arange(n)
+        program = self.sampler._program("extend", self.batch, self.slots)
+        self.cache, self.kv_mask = program(
+            self.sampler.state, self.sampler.layer_params, self.cache, self.kv_mask,
+            tokens, mask, positions, np.int32(self.write_index))
+        self.write_index += width
+
+    def append(self, observations: Sequence[Sequence[int] | None]) -> None:
+        """Append tokens (e.g. an environment observation) to rows; None or [] leaves a row as is.
+
+        Appended tokens are context, not samples: loss mask 0, log-prob 0. Raises
+        CacheFullError when the longest observation does not fit in the free slots.
+        """
+        if len(observations) != self.num_rows:
+            raise ValueError(f"got {len(observations)} observations for {self.num_rows} rows")
+        longest = max((len(o) for o in observations if o), default=0)
+        self._check_fits(longest)
+        blocks = []
+        for r, obs in enumerate(observations):
+            obs = list(map(int, obs or ()))
+            blocks.append(self.sequences[r][-1:] + obs[:-1] if obs else [])
+            self.sequences[r] += obs
+            self.loss_masks[r] += [0] * len(obs)
+            self.logprobs[r] += [0.0] * len(obs)
+            self.sampling_logprobs[r] += [0.0] * len(obs)
+        self._extend(blocks)
+
+    def decode(
+        self,
+        max_new_tokens: int | Sequence[int],
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop_token_ids: Sequence[int] = (),
+        seed: int = 0,
+        active: Sequence[bool] | None = None,
+    ) -> list[TurnOutput | None]:
+        """Sample up to `max_new_tokens` (an int or one per row) for every active row.
+
+        A row stops at its first stop token (kept, with loss mask 1: the model must learn to
+        end its turn), at its limit, or when the cache is full ('length'). Inactive rows get
+        None and are untouched. Sampling with a given seed is reproducible: each token's key
+        derives from (seed, row, position in the conversation).
+        """
+        n = self.num_rows
+        limits = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (n,)).copy()
+        if active is not None:
+            limits[~np.asarray(active, bool)] = 0
+        if len(stop_token_ids) > _STOP_ID_SLOTS:
+            raise ValueError(f"at most {_STOP_ID_SLOTS} stop token ids are supported")
+        stop_ids = np.full((_STOP_ID_SLOTS,), -1, np.int32)
+        stop_ids[: len(stop_token_ids)] = list(stop_token_ids)
+        padded = lambda values, fill: np.concatenate(  # noqa: E731
+            [np.asarray(values), np.full((self.batch - n,), fill, np.asarray(values).dtype)])
+        pending = padded([seq[-1] for seq in self.sequences], 0).astype(np.int32)
+        positions = padded([len(seq) - 1 for seq in self.sequences], 0).astype(np.int32)
+        limits_p = padded(limits, 0).astype(np.int32)
+        buffer_len = bucket(int(limits.max(initial=0)))
+        program = self.sampler._program("decode", self.batch, self.slots, buffer_len=buffer_len)
+        self.cache, self.kv_mask, buffers, n_gen, stopped, steps = program(
+            self.sampler.state, self.sampler.layer_params, self.cache, self.kv_mask,
+            pending, positions, np.int32(self.write_index), limits_p, stop_ids,
+            np.float32(temperature), np.int32(top_k), np.float32(top_p), np.uint32(seed),
+            np.arange(self.batch, dtype=np.int32))
+        tokens, logps, sampling_logps = (np.asarray(b) for b in buffers)
+        n_gen, stopped = np.asarray(n_gen), np.asarray(stopped)
+        self.write_index += int(steps)
+        outputs: list[TurnOutput | None] = []
+        for r in range(n):
+            if limits[r] == 0:
+                outputs.append(None)
+                continue
+            k = int(n_gen[r])
+            out = TurnOutput(tokens[r, :k].tolist(), logps[r, :k].tolist(),
+                             sampling_logps[r, :k].tolist(), "stop" if stopped[r] else "length")
+            self.sequences[r] += out.tokens
+            self.loss_masks[r] += [1] * k
+            self.logprobs[r] += out.logprobs
+            self.sampling_logprobs[r] += out.sampling_logprobs
+            outputs.append(out)
+        return outputs
+
+    def training_arrays(self, rows: Sequence[int] | None = None,
+                        length: int | None = None) -> dict[str, np.ndarray]:
+        """Right-padded arrays of the chosen rows in the train step's batch format.
+
+        tokens [R, T] int32, mask [R, T] (real tokens), loss_mask [R, T] (sampled tokens),
+        old_logp and behaviour_logp [R, T] (log-prob of tokens[t] given tokens[<t]; 0 off the
+        loss mask). `length` defaults to the longest row.
+        """
+        rows = list(range(self.num_rows)) if rows is None else list(rows)
+        length = length or max(len(self.sequences[r]) for r in rows)
+        out = {
+            "tokens": np.zeros((len(rows), length), np.int32),
+            "mask": np.zeros((len(rows), length), bool),
+            "loss_mask": np.zeros((len(rows), length), np.float32),
+            "old_logp": np.zeros((len(rows), length), np.float32),
+            "behaviour_logp": np.zeros((len(rows), length), np.float32),
+        }
+        for i, r in enumerate(rows):
+            n = len(self.sequences[r])
+            if n > length:
+                raise ValueError(f"row {r} has {n} tokens, more than length={length}")
+            out["tokens"][i, :n] = self.sequences[r]
+            out["mask"][i, :n] = True
+            out["loss_mask"][i, :n] = self.loss_masks[r]
+            out["old_logp"][i, :n] = self.logprobs[r]
+            out["behaviour_logp"][i, :n] = self.sampling_logprobs[r]
+        return out

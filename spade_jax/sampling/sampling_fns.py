@@ -1,0 +1,145 @@
+"""Next-token selection: greedy, temperature, top-k then top-p, without a full-vocabulary sort.
+
+All knobs are traced scalars, so changing them never recompiles:
+- temperature == 0 selects greedy (argmax); the branch is a `lax.cond`, so greedy decoding
+  pays for no random numbers.
+- top-k (1 <= top_k <= max_top_k) keeps the top_k largest logits of a fixed candidate set
+  taken once with `lax.top_k(logits, max_top_k)`; top_k = 0 means no top-k.
+- top-p (nucleus) keeps the smallest set of most likely tokens whose probability reaches top_p,
+  computed on the distribution left after temperature and top-k (renormalised), as in HF.
+  With top-k on, this is a cumulative sum over the sorted candidates. With top-k off the nucleus
+  can be larger than the candidate set: when the candidates already hold top_p of the mass for
+  every row it is taken from them (exact); otherwise a bisection on a probability threshold over
+  the full vocabulary finds the smallest kept set (exact up to ties and 30 halvings of the
+  threshold in log space) — O(vocab) per halving, never a sort.
+- sampling is Gumbel-max with one draw per vocabulary entry keyed per row, so which path ran
+  (it depends on the whole batch) never changes a row's token.
+
+Two log-probabilities come back for each chosen token:
+- `policy_logp`: log-softmax of the raw logits (temperature 1, no truncation). This is what the
+  train step recomputes, so it is the PPO `old_logp` (ratios are 1 before any update).
+- `sampling_logp`: log-probability under the distribution actually sampled from (temperature,
+  top-k, top-p applied; 0 for greedy). It is the behaviour policy for importance weighting.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+DEFAULT_MAX_TOP_K = 64
+_BISECTION_STEPS = 30
+_NEG_INF = -jnp.inf
+
+
+def _nucleus_threshold_bisect(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Per row, the largest log-probability threshold whose kept mass (p >= threshold) >= top_p."""
+    low = jnp.min(log_probs, axis=-1)  # keeps everything: mass 1 >= top_p
+    high = jnp.max(log_probs, axis=-1)  # keeps the argmax only
+
+    def halve(_, bounds):
+        low, high = bounds
+        mid = 0.5 * (low + high)
+        kept = jnp.sum(jnp.where(log_probs >= mid[:, None], jnp.exp(log_probs), 0.0), axis=-1)
+        enough = kept >= top_p
+        return jnp.where(enough, mid, low), jnp.where(enough, high, mid)
+
+    low, high = jax.lax.fori_loop(0, _BISECTION_STEPS, halve, (low, high))
+    top_mass = jnp.sum(jnp.where(log_probs >= high[:, None], jnp.exp(log_probs), 0.0), axis=-1)
+    return jnp.where(top_mass >= top_p, high, low)
+
+
+def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, noise, top_k, top_p):
+    """Sample among the sorted top-`max_top_k` candidates after top-k and top-p masking.
+
+    With top-k on, top-p sees the renormalised top-k distribution; with it off, the full one
+    (normaliser `full_log_norm`), whose nucleus then lies inside the candidates.
+    """
+    ranks = jnp.arange(cand_vals.shape[-1])
+    keep = (top_k <= 0) | (ranks < top_k)
+    vals = jnp.where(keep[None, :], cand_vals, _NEG_INF)
+    log_norm = jnp.where(top_k > 0, jax.nn.logsumexp(vals, axis=-1), full_log_norm)
+    probs = jnp.exp(vals - log_norm[:, None])
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    vals = jnp.where(mass_before < top_p, vals, _NEG_INF)  # the first candidate always stays
+    choice = jnp.argmax(vals + jnp.take_along_axis(noise, cand_idx, axis=-1), axis=-1)
+    chosen = jnp.take_along_axis(cand_idx, choice[:, None], axis=-1)[:, 0]
+    logp = jnp.take_along_axis(vals, choice[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
+        vals, axis=-1
+    )
+    return chosen, logp
+
+
+def _sample_full_vocab(scaled, noise, top_p):
+    """Sample from the whole vocabulary, restricted to the nucleus found by bisection."""
+    log_probs = jax.nn.log_softmax(scaled, axis=-1)
+    threshold = jax.lax.cond(
+        top_p < 1.0,
+        lambda: _nucleus_threshold_bisect(log_probs, top_p),
+        lambda: jnp.full(log_probs.shape[:1], _NEG_INF),
+    )
+    vals = jnp.where(log_probs >= threshold[:, None], log_probs, _NEG_INF)
+    chosen = jnp.argmax(vals + noise, axis=-1)
+    logp = jnp.take_along_axis(vals, chosen[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
+        vals, axis=-1
+    )
+    return chosen, logp
+
+
+def select_tokens(
+    logits: jax.Array,
+    keys: jax.Array,
+    *,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    max_top_k: int = DEFAULT_MAX_TOP_K,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Choose one token per row of float32 `logits` [B, V]; `keys` [B] are per-row PRNG keys.
+
+    Returns (tokens [B] int32, policy_logp [B], sampling_logp [B]); see the module docstring.
+    `top_k` above `max_top_k` (static) is clamped to it.
+    """
+    logits = logits.astype(jnp.float32)
+    max_top_k = min(max_top_k, logits.shape[-1])
+    top_k = jnp.minimum(jnp.asarray(top_k, jnp.int32), max_top_k)
+    top_p = jnp.asarray(top_p, jnp.float32)
+
+    def greedy():
+        return jnp.argmax(logits, axis=-1), jnp.zeros(logits.shape[:1], jnp.float32)
+
+    def sample():
+        scaled = logits / jnp.maximum(temperature, 1e-6)
+        cand_vals, cand_idx = jax.lax.top_k(scaled, max_top_k)
+        full_log_norm = jax.nn.logsumexp(scaled, axis=-1)
+        cand_mass = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1)
+        use_candidates = (top_k > 0) | ((top_p < 1.0) & jnp.all(cand_mass >= top_p))
+        # One Gumbel draw per vocabulary entry (Gumbel-max sampling): both paths pick the same
+        # token from the same kept set, so a row's sample never depends on the other rows.
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(keys)
+        return jax.lax.cond(
+            use_candidates,
+            lambda: _sample_from_candidates(
+                cand_vals, cand_idx, full_log_norm, noise, top_k, top_p
+            ),
+            lambda: _sample_full_vocab(scaled, noise, top_p),
+        )
+
+    tokens, sampling_logp = jax.lax.cond(temperature > 0, sample, greedy)
+    tokens = tokens.astype(jnp.int32)
+    policy_logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
+        logits, axis=-1
+    )
+    return tokens, policy_logp, sampling_logp
+
+
+def row_keys(seed: jax.Array, row_ids: jax.Array, positions: jax.Array) -> jax.Array:
+    """One PRNG key per row from (seed, row id, position of the token being chosen).
+
+    Keys depend on where the token sits in its conversation, not on padding, bucketing or on
+    how many decode calls came before, so resampling a conversation reproduces it exactly.
+    """
+    base = jax.random.key(seed)
+    return jax.vmap(lambda r, p: jax.random.fold_in(jax.random.fold_in(base, r), p))(
+        row_ids, positions
+    )
