@@ -32,12 +32,16 @@ def fresh_state(cfg, seed_envs) -> HostState:
 
 
 def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> list[dict]:
-    """Train for `cfg.total_cycles` cycles in `workdir`; returns the per-cycle metrics."""
+    """Train for `cfg.total_cycles` cycles in `workdir`; returns the per-cycle metrics.
+
+    A `runtime` may be passed in (tests share one across runs); it is then left open.
+    """
     from spade_jax.spade.runtime import Runtime
 
     config_lib.validate(cfg, jax.device_count())
     main = is_main_process()
     rt = runtime or Runtime.create(cfg)
+    owns_runtime = runtime is None
     corpus = None
     if cfg.mode == "spade" and not cfg.spade.no_corpus:
         corpus = load_corpus(cfg.corpus.source, max_words=cfg.corpus.max_words,
@@ -73,7 +77,8 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> lis
         bar.close()
         writer.close()
         checkpointer.close()
-        rt.close()
+        if owns_runtime:
+            rt.close()
     if main and history:
         print(summarize(history))
     return history
