@@ -38,6 +38,8 @@ class HostState:
     blacklist: set[str] = dataclasses.field(default_factory=set)
     learning_potentials: dict[str, rewards.LearningPotentialState] = dataclasses.field(
         default_factory=dict)
+    # Designer samples waiting `spade.designer_delay` cycles: (due cycle, sample).
+    delayed_designer: list[tuple[int, TrainSample]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -46,6 +48,7 @@ class HostState:
             "pool": [dataclasses.asdict(dataclasses.replace(e, attempt=None)) for e in self.pool],
             "blacklist": sorted(self.blacklist),
             "learning_potentials": {k: v.to_dict() for k, v in self.learning_potentials.items()},
+            "delayed_designer": [[due, sample_to_json(x)] for due, x in self.delayed_designer],
         }
 
     @classmethod
@@ -57,7 +60,21 @@ class HostState:
             blacklist=set(data["blacklist"]),
             learning_potentials={k: rewards.LearningPotentialState.from_dict(v)
                                  for k, v in data["learning_potentials"].items()},
+            delayed_designer=[(int(due), sample_from_json(x))
+                              for due, x in data.get("delayed_designer", [])],
         )
+
+
+def sample_to_json(sample: TrainSample) -> dict:
+    return {"tokens": sample.tokens.tolist(), "loss_mask": sample.loss_mask.tolist(),
+            "old_logp": sample.old_logp.tolist(), "advantage": sample.advantage,
+            "role": sample.role, "weight": sample.weight}
+
+
+def sample_from_json(data: dict) -> TrainSample:
+    return TrainSample(np.asarray(data["tokens"], np.int32), np.asarray(data["loss_mask"], bool),
+                       np.asarray(data["old_logp"], np.float32), float(data["advantage"]),
+                       data["role"], float(data["weight"]))
 
 
 def episode_seed(run_seed: int, cycle: int, env_id: str, play: int) -> int:
@@ -213,9 +230,13 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
         agent_samples += [agent_sample(e, a, replay_weight[env.env_id])
                           for e, a in zip(episodes[:k], adv, strict=True)]
 
-    designer_samples = []
     if attempts and not s.no_designer_training:
-        designer_samples = designer_samples_for(rt, cfg, state, attempts, stats, len(agent_samples))
+        fresh = designer_samples_for(rt, cfg, state, attempts, stats, len(agent_samples))
+        state.delayed_designer += [(state.cycle + s.designer_delay, x) for x in fresh]
+    # Delayed Designer samples keep their rollout log-probs as old_logp, so the PPO ratio is
+    # an importance weight against the policy that wrote them, clipped like any other.
+    designer_samples = [x for due, x in state.delayed_designer if due <= state.cycle]
+    state.delayed_designer = [(due, x) for due, x in state.delayed_designer if due > state.cycle]
 
     samples = order_for_training(designer_samples + agent_samples)
     if samples:

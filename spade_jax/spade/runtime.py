@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pathlib
 
 import flax.nnx as nnx
 import jax
@@ -130,16 +131,28 @@ class Runtime:
         return episodes
 
     def fixed_pool(self) -> list[DesignedEnv]:
-        """The fixed-environment baseline pool: seed environments or a directory of env files."""
-        import pathlib
+        """The fixed-environment baseline pool (`cfg.fixed_pool`).
 
+        'seeds': our seed environments; 'reasoning_gym[:CAT,CAT]': reasoning-gym tasks (one
+        environment per category; each episode seed picks an item); otherwise a directory of
+        environment .py files (e.g. the reference's released pool).
+        """
         source = self.cfg.fixed_pool
         if source == "seeds":
             items = [(e.name, e.skill, e.code) for e in self.seed_envs]
+        elif source.startswith("reasoning_gym"):
+            from spade_jax.eval.reasoning_gym import DEFAULT_CATEGORIES, reasoning_gym_tasks
+
+            names = source.partition(":")[2]
+            categories = tuple(names.split(",")) if names else DEFAULT_CATEGORIES
+            tasks = reasoning_gym_tasks(categories, size=1000, dataset_seed=self.cfg.seed)
+            first = {t.category: t for t in reversed(tasks)}
+            items = [(f"rg_{c}", c, first[c].code) for c in categories]
         else:
             files = sorted(pathlib.Path(source).expanduser().glob("*.py"))
             if not files:
-                raise ValueError(f"fixed_pool={source!r} holds no .py environment files")
+                raise ValueError(f"fixed_pool={source!r}: no .py environment files there; use "
+                                 "'seeds', 'reasoning_gym[:CATS]' or a directory of env files")
             items = [(f.stem, "Unknown", f.read_text()) for f in files]
         return [DesignedEnv(f"fixed:{name}", skill, code, None, 0, hint=ENV_HINT)
                 for name, skill, code in items]

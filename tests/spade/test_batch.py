@@ -42,3 +42,14 @@ def test_mismatched_lengths_rejected():
         TrainSample(np.zeros(3, np.int32), np.zeros(2, bool), np.zeros(3, np.float32), 0.0, "agent")
     with pytest.raises(ValueError, match="role"):
         TrainSample(np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.float32), 0.0, "x")
+
+
+def test_delayed_designer_samples_survive_a_checkpoint_round_trip():
+    from spade_jax.spade.loop import sample_from_json, sample_to_json
+
+    original = sample("designer", 7, 3, adv=0.25, weight=2.0)
+    copy = sample_from_json(sample_to_json(original))
+    assert copy.tokens.tolist() == original.tokens.tolist()
+    assert copy.loss_mask.tolist() == original.loss_mask.tolist()
+    assert copy.old_logp.tolist() == original.old_logp.tolist()
+    assert (copy.advantage, copy.role, copy.weight) == (0.25, "designer", 2.0)
