@@ -24,5 +24,5 @@ def get_config():
     c.spade.max_turns = 4
     c.spade.max_attempts = 2
     c.spade.replay_per_cycle = 2
-    c.corpus.max_words = 800
+    c.corpus.max_words = 300
     return c
