@@ -22,7 +22,12 @@ from spade_jax.rl.advantages import group_zscore_advantages
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
 from spade_jax.spade.batch import TrainSample, order_for_training
-from spade_jax.spade.designer import DesignAttempt, DesignedEnv, design_environments
+from spade_jax.spade.designer import (
+    DesignAttempt,
+    DesignedEnv,
+    design_environments,
+    env_id_for,
+)
 from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.memory import EnvMemory, new_record
 from spade_jax.spade.rollout import Episode, EpisodeSpec
@@ -231,7 +236,9 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
                           for e, a in zip(episodes[:k], adv, strict=True)]
 
     if attempts and not s.no_designer_training:
-        fresh = designer_samples_for(rt, cfg, state, attempts, stats, len(agent_samples))
+        fresh, raw = designer_samples_for(rt, cfg, state, attempts, stats, len(agent_samples))
+        if len(raw):
+            metrics["designer/reward_mean"] = float(np.mean(raw))
         state.delayed_designer += [(state.cycle + s.designer_delay, x) for x in fresh]
     # Delayed Designer samples keep their rollout log-probs as old_logp, so the PPO ratio is
     # an importance weight against the policy that wrote them, clipped like any other.
@@ -248,13 +255,18 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
     return metrics
 
 
-def designer_samples_for(rt, cfg, state, attempts, stats, n_agent) -> list[TrainSample]:
-    """Designer rewards (variant, penalties, per-skill centring, role scale) and samples."""
+def designer_samples_for(
+    rt, cfg, state, attempts, stats, n_agent
+) -> tuple[list[TrainSample], np.ndarray]:
+    """Designer samples with their advantages, and the raw rewards of every scored attempt.
+
+    Rewards follow the variant, penalties, per-skill centring and role scale (DESIGN §4.6).
+    """
     s = cfg.spade
     by_env = {st.env_id: st for st in stats}
     outcomes, kept = [], []
     for attempt in attempts:
-        env_id = f"c{state.cycle:05d}_s{attempt.slot:03d}_{attempt.skill.lower()}"
+        env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
         if not attempt.valid:
             outcomes.append(rewards.DesignerOutcome(attempt.skill, "invalid"))
         elif env_id in state.blacklist:
@@ -279,9 +291,10 @@ def designer_samples_for(rt, cfg, state, attempts, stats, n_agent) -> list[Train
                                   if o.skill == skill and o.status == "ok"]))
             state.learning_potentials[skill] = rewards.update_learning_potential(
                 state.learning_potentials[skill], mean)
-    return [designer_sample(rt, a, adv)
-            for a, adv, trained in zip(kept, result.advantages, result.trained, strict=True)
-            if trained]
+    samples = [designer_sample(rt, a, adv)
+               for a, adv, trained in zip(kept, result.advantages, result.trained, strict=True)
+               if trained]
+    return samples, result.raw
 
 
 def update_memory(state: HostState, stats, envs: list[DesignedEnv]) -> None:
