@@ -1,4 +1,4 @@
-"""spade_jax: SPADE self-play (Environment Designer + Reasoning Agent) in JAX, for TPU, GPU and CPU."""
+"""spade_jax: SPADE self-play (Environment Designer + Reasoning Agent) in JAX."""
 
 from setuptools import find_packages, setup
 

@@ -9,7 +9,7 @@ def get_config():
     c.model.source = "smollm2-135m-instruct"
     c.model.arch = arch(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
                         head_dim=64, ffn_dim=1536, rope_theta=100000.0, rms_eps=1e-5,
-                        tie_embeddings=True, family="llama")
+                        tie_embeddings=True, max_position=8192, family="llama")
     c.sampling.designer_max_new_tokens = 768
     c.sampling.agent_max_new_tokens = 48
     c.sampling.hint_max_new_tokens = 64

@@ -29,7 +29,8 @@ def arch(**fields) -> ml_collections.ConfigDict:
     base = dict(
         vocab_size=0, d_model=0, n_layers=0, n_heads=0, n_kv_heads=0, head_dim=0, ffn_dim=0,
         rope_theta=10000.0, rms_eps=1e-6, tie_embeddings=False, qk_norm=False, n_experts=0,
-        n_experts_per_tok=0, expert_ffn_dim=0, norm_topk_prob=True, family="llama",
+        n_experts_per_tok=0, expert_ffn_dim=0, norm_topk_prob=True, max_position=32768,
+        family="llama",
     )
     unknown = set(fields) - set(base)
     if unknown:
@@ -108,7 +109,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 1
     c.keep_checkpoints = 3
     c.log_every = 1
-    c.eval = ml_collections.ConfigDict(dict(every=0, suites="games", limit=8))
+    # In-loop evaluation every `every` cycles (0: off) on a fixed subset: `limit` items per suite
+    # (spade_jax.eval.runner.SUITE_NAMES); `games` is 'seeds' or a directory of env files.
+    c.eval = ml_collections.ConfigDict(dict(every=0, suites="games", limit=8, games="seeds"))
     c.lock()
     return c
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +45,8 @@ class ModelConfig:
         if self.head_dim % 2:
             problems.append(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.is_moe and not 0 < self.n_experts_per_tok <= self.n_experts:
-            problems.append(
-                f"n_experts_per_tok={self.n_experts_per_tok} must be in 1..n_experts={self.n_experts}"
-            )
+            problems.append(f"n_experts_per_tok={self.n_experts_per_tok} must be in "
+                            f"1..n_experts={self.n_experts}")
         if self.is_moe and self.expert_ffn_dim <= 0:
             problems.append("expert_ffn_dim must be > 0 for a mixture-of-experts model")
         if self.family not in ("llama", "qwen3", "qwen3_moe"):
@@ -56,5 +54,6 @@ class ModelConfig:
         if problems:
             raise ValueError("invalid model config: " + "; ".join(problems))
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
+        """A copy with `changes` applied (e.g. fewer layers for a compile check)."""
         return dataclasses.replace(self, **changes)
