@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 Messages = list[dict[str, str]]
@@ -66,7 +65,6 @@ def design_environments(
     generate: Callable[[list[Messages]], list[Any]],
     validate: Callable[[str], Any],
     max_attempts: int,
-    workers: int = 4,
 ) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
     """Fill one slot per entry of `skills`, retrying invalid designs.
 
@@ -78,26 +76,27 @@ def design_environments(
     attempts: list[DesignAttempt] = []
     admitted: list[DesignedEnv] = []
     pending = list(range(len(skills)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for attempt_no in range(max_attempts):
-            if not pending:
-                break
-            prompts = [build_prompt(slot, skills[slot], attempt_no) for slot in pending]
-            completions = generate([messages for messages, _ in prompts])
-            reports = list(pool.map(validate, [c.text for c in completions]))
-            still_pending = []
-            for slot, (messages, doc_id), completion, report in zip(
-                pending, prompts, completions, reports, strict=True
-            ):
-                record = DesignAttempt(slot, attempt_no, skills[slot], doc_id, messages,
-                                       completion, report)
-                attempts.append(record)
-                if record.valid:
-                    admitted.append(DesignedEnv(
-                        env_id=env_id_for(cycle, slot, skills[slot]), skill=skills[slot],
-                        code=report.code, doc_id=doc_id, cycle=cycle, attempt=record,
-                    ))
-                else:
-                    still_pending.append(slot)
-            pending = still_pending
+    for attempt_no in range(max_attempts):
+        if not pending:
+            break
+        prompts = [build_prompt(slot, skills[slot], attempt_no) for slot in pending]
+        completions = generate([messages for messages, _ in prompts])
+        # One at a time: the validation pool is not thread-safe, and each validation already
+        # runs its environment calls in sandbox worker processes.
+        reports = [validate(c.text) for c in completions]
+        still_pending = []
+        for slot, (messages, doc_id), completion, report in zip(
+            pending, prompts, completions, reports, strict=True
+        ):
+            record = DesignAttempt(slot, attempt_no, skills[slot], doc_id, messages,
+                                   completion, report)
+            attempts.append(record)
+            if record.valid:
+                admitted.append(DesignedEnv(
+                    env_id=env_id_for(cycle, slot, skills[slot]), skill=skills[slot],
+                    code=report.code, doc_id=doc_id, cycle=cycle, attempt=record,
+                ))
+            else:
+                still_pending.append(slot)
+        pending = still_pending
     return attempts, admitted
