@@ -8,6 +8,7 @@ rule early, with the file named in the error.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 from spade_jax.eval.tasks import EvalTask
@@ -35,16 +36,23 @@ def game_tasks(directory: str | Path, n_seeds: int = 8, max_turns: int = 25) -> 
     files = sorted(directory.glob("*.py"))
     if not files:
         raise FileNotFoundError(f"no environment files (*.py) in {directory}")
+    return named_game_tasks([(path.stem, path.read_text(), str(path)) for path in files],
+                            n_seeds, max_turns)
+
+
+def named_game_tasks(
+    games: Iterable[tuple[str, str, str]], n_seeds: int = 8, max_turns: int = 25
+) -> list[EvalTask]:
+    """`n_seeds` tasks per (name, code, origin) game; category = name, seeds 0..n_seeds-1."""
     tasks = []
-    for path in files:
-        code = path.read_text()
-        env_class_name(code, str(path))
+    for name, code, origin in games:
+        env_class_name(code, origin)
         for seed in range(n_seeds):
             tasks.append(
                 EvalTask(
                     suite="games",
-                    category=path.stem,
-                    task_id=f"{path.stem}/{seed}",
+                    category=name,
+                    task_id=f"{name}/{seed}",
                     code=code,
                     seed=seed,
                     max_turns=max_turns,

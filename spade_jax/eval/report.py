@@ -103,6 +103,12 @@ def write_results(out_dir: str | Path, records: Sequence[dict], ks: Sequence[int
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / ITEMS_FILE).unlink(missing_ok=True)
     append_jsonl(out_dir / ITEMS_FILE, records)
+    return write_summary(out_dir, records, ks)
+
+
+def write_summary(out_dir: str | Path, records: Sequence[dict], ks: Sequence[int] = (1,)) -> dict:
+    """Write summary.json and summary.md of `records` under `out_dir`; return the summary."""
+    out_dir = Path(out_dir)
     summary = summarize(records, ks)
     (out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / SUMMARY_MD).write_text(markdown_table(summary))

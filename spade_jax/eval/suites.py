@@ -23,6 +23,7 @@ def build_eval_tasks(
     *,
     bfcl_categories: Sequence[str] = bfcl.CATEGORIES,
     bfcl_limit: int | None = None,
+    bfcl_step_limit: int | None = None,
     humaneval_samples: int = 1,
     humaneval_limit: int | None = None,
     reasoning_gym_categories: Sequence[str] = reasoning_gym.DEFAULT_CATEGORIES,
@@ -32,14 +33,19 @@ def build_eval_tasks(
     games_seeds: int = 8,
     games_max_turns: int = 25,
 ) -> dict[str, list[EvalTask]]:
-    """Tasks per suite name; `*_limit` keep the first items of a suite (None: all)."""
+    """Tasks per suite name; `*_limit` keep the first items of a suite (None: all).
+
+    `bfcl_step_limit` overrides BFCL's calls-per-user-turn limit (None: BFCL's own).
+    """
     unknown = [name for name in suites if name not in SUITES]
     if unknown:
         raise ValueError(f"unknown eval suites {unknown}; choose from {SUITES}")
     tasks: dict[str, list[EvalTask]] = {}
     for name in suites:
         if name == "bfcl":
-            tasks[name] = bfcl.bfcl_tasks(bfcl_categories, limit=bfcl_limit)
+            tasks[name] = bfcl.bfcl_tasks(
+                bfcl_categories, limit=bfcl_limit, step_limit=bfcl_step_limit
+            )
         elif name == "humaneval":
             tasks[name] = humaneval.humaneval_tasks(humaneval_samples, limit=humaneval_limit)
         elif name == "reasoning_gym":

@@ -35,14 +35,21 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 ATTENTION_QUERY_CHUNK = 512
 
 
-def _attention_block(q, k, v, mask):
-    """Exact GQA attention of one block of queries. q: [B, C, K, G, Dh]; mask [B, C, S]."""
-    head_dim = q.shape[-1]
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (head_dim**-0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+def _attention_block(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Exact GQA attention of one block of queries, as two batched matmuls over (B, K).
+
+    q: [B, K, G, C, Dh]; k, v: [B, K, S, Dh]; mask: [B, C, S]. Returns [B, K, G, C, Dh].
+    The G query heads of a KV head are stacked on the row axis ([G*C, Dh] @ [Dh, S]), the
+    layout XLA-CPU runs as plain GEMMs (several times faster than the 5-axis einsum).
+    """
+    batch, n_kv, group, length, head_dim = q.shape
+    rows = q.reshape(batch, n_kv, group * length, head_dim)
+    scores = jnp.matmul(rows, k.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, n_kv, group, length, -1) * (head_dim**-0.5)
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.matmul(probs.reshape(batch, n_kv, group * length, -1), v)
+    return out.reshape(batch, n_kv, group, length, head_dim)
 
 
 def attention(
@@ -51,28 +58,30 @@ def attention(
 ) -> jax.Array:
     """Grouped-query attention without repeating KV heads.
 
-    q: [B, T, H, Dh]; k, v: [B, S, K, Dh] with H a multiple of K; mask: [B, T, S] bool
-    (True = may attend). Returns [B, T, H, Dh]. Long query blocks are processed `query_chunk`
-    queries at a time (each chunk rematerialised in the backward pass), so the float32 score
-    matrix held at once is [B, H, chunk, S] instead of [B, H, T, S]: exact, and the difference
-    between minutes and seconds for a 4k-token CPU prefill and between GiB and TiB at 32k.
+    q: [B, T, H, Dh]; k, v: [B, K, S, Dh] (head-major, the KV-cache layout) with H a multiple
+    of K; mask: [B, T, S] bool (True = may attend). Returns [B, T, H, Dh]. Long query blocks
+    are processed `query_chunk` queries at a time (each chunk rematerialised in the backward
+    pass), so the float32 score matrix held at once is [B, H, chunk, S] instead of
+    [B, H, T, S]: exact, and the difference between minutes and seconds for a 4k-token CPU
+    prefill and between GiB and TiB at 32k.
     """
     batch, q_len, n_heads, head_dim = q.shape
-    n_kv = k.shape[2]
-    q = q.reshape(batch, q_len, n_kv, n_heads // n_kv, head_dim)
+    n_kv = k.shape[1]
+    q = q.reshape(batch, q_len, n_kv, n_heads // n_kv, head_dim).transpose(0, 2, 3, 1, 4)
     if q_len <= query_chunk:
         out = _attention_block(q, k, v, mask)
-        return out.reshape(batch, q_len, n_heads, head_dim)
-    n_chunks = -(-q_len // query_chunk)
-    pad = n_chunks * query_chunk - q_len
-    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
-    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
-    q_chunks = jnp.moveaxis(q.reshape(batch, n_chunks, query_chunk, *q.shape[2:]), 1, 0)
-    m_chunks = jnp.moveaxis(mask.reshape(batch, n_chunks, query_chunk, mask.shape[-1]), 1, 0)
-    block = jax.checkpoint(lambda qm: _attention_block(qm[0], k, v, qm[1]))
-    out = jax.lax.map(block, (q_chunks, m_chunks))  # [n_chunks, B, C, K, G, Dh]
-    out = jnp.moveaxis(out, 0, 1).reshape(batch, n_chunks * query_chunk, n_heads, head_dim)
-    return out[:, :q_len]
+    else:
+        n_chunks = -(-q_len // query_chunk)
+        pad = n_chunks * query_chunk - q_len
+        q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+        mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+        q_chunks = jnp.moveaxis(q.reshape(*q.shape[:3], n_chunks, query_chunk, head_dim), 3, 0)
+        m_chunks = jnp.moveaxis(mask.reshape(batch, n_chunks, query_chunk, -1), 1, 0)
+        block = jax.checkpoint(lambda qm: _attention_block(qm[0], k, v, qm[1]))
+        out = jax.lax.map(block, (q_chunks, m_chunks))  # [n_chunks, B, K, G, C, Dh]
+        out = jnp.moveaxis(out, 0, 3).reshape(*q.shape[:3], n_chunks * query_chunk, head_dim)
+        out = out[:, :, :, :q_len]
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, n_heads, head_dim)
 
 
 def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
@@ -97,6 +106,44 @@ def router_weights(
     return jnp.einsum("...k,...ke->...e", top_vals, one_hot)
 
 
+# ---------------------------------------------------------------------------------------------
+# Mixture-of-experts sharding (Qwen3-30B-A3B: 128 experts, top-8, expert FFN 768)
+#
+# Parameters (see Transformer.__init__). The experts of a layer are stacked on a leading axis:
+#   w_gate, w_up  [L, E, D, F]  spec (None, 'tensor', 'fsdp', None)
+#   w_down        [L, E, F, D]  spec (None, 'tensor', None, 'fsdp')
+#   router        [L, D, E]     spec (None, 'fsdp', None)   (replicated over 'tensor')
+# so the 'tensor' axis doubles as the expert axis: with tensor=8 each device owns E/8 = 16
+# whole experts, and their D dimension is further split over 'fsdp' (ZeRO-3 style: gathered
+# just in time for the matmul, gradients reduce-scattered back).
+#
+# What runs today: `moe_mlp_dense` below. Tokens x [B, T, D] are sharded over ('data',
+# 'fsdp') and replicated over 'tensor'. Each device runs *its* E/tp experts on *all* of its
+# local tokens ([B/dp, T, E/tp, F] hidden), scales every expert's output by the router weight
+# (zero outside a token's top-k) and sums over its local experts; the sum over the 'tensor'
+# axis is then one all-reduce (or reduce-scatter) of [B/dp, T, D] per layer, inserted by
+# XLA's SPMD partitioner. No token moves between devices, the result is exact, but each
+# device does E/k = 16x the FLOPs a routed kernel needs (all 16 local experts instead of the
+# ~1 of them a token actually picks on average), and the [B/dp, T, E/tp, F] intermediate
+# dominates the activation memory (spade_jax/plan.py counts the routed top-k width instead;
+# `python -m spade_jax.readiness` shows what the dense fallback really compiles to).
+#
+# What a routed kernel would do (NOT implemented; it is the TPU/GPU speed path), inside a
+# `shard_map` over the mesh with the expert axis manual:
+#   1. route locally: top-k experts and weights per token ([N, k], N local tokens);
+#   2. split the N tokens evenly over the 'tensor' ranks (they hold the same tokens), flatten
+#      to N/tp*k token copies and sort them by expert id; count copies per expert;
+#   3. exchange the counts with an `all_to_all` over 'tensor', then send every copy to the rank
+#      that owns its expert with `jax.lax.ragged_all_to_all` over 'tensor' (dropless: sizes
+#      come from the counts, no capacity factor);
+#   4. on each rank run its E/tp experts as one grouped matmul (`jax.lax.ragged_dot`, or the
+#      megablox GMM Pallas kernel on TPU) over the received copies grouped by expert;
+#   5. a second `ragged_all_to_all` returns the outputs to the copies' home ranks; un-sort,
+#      scale by the router weights, sum the k copies of each token, and all-gather the
+#      token split of step 2 over 'tensor'.
+# Communication per layer is then two ragged all-to-alls of ~N*k/tp rows of D instead of one
+# all-reduce of N rows, and the expert FLOPs drop by E/k.
+# ---------------------------------------------------------------------------------------------
 def moe_mlp_dense(
     x: jax.Array,
     router: jax.Array,

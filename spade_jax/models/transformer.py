@@ -9,7 +9,8 @@ Mixture of experts: experts are stacked [E, D, F] and sharded over 'tensor' (the
 doubles as the tensor axis). The CPU path evaluates all experts densely and weights them by the
 router (exact); on a sharded mesh XLA turns the weighted sum over E into a reduction across the
 'tensor' axis. A routed kernel with all-to-all dispatch is the TPU/GPU speed path and is not
-implemented yet.
+implemented yet; the comment block above `layers.moe_mlp_dense` spells out the sharding, the
+dense fallback's reduction and the ragged all-to-all pattern a routed kernel would use.
 """
 
 from __future__ import annotations
@@ -27,19 +28,19 @@ from spade_jax.models.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Keys and values of every layer: [layers, batch, slots, kv_heads, head_dim]."""
+    """Keys and values of every layer: [layers, batch, kv_heads, slots, head_dim]."""
 
     k: jax.Array
     v: jax.Array
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> KVCache:
-        shape = (cfg.n_layers, batch, slots, cfg.n_kv_heads, cfg.head_dim)
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, slots, cfg.head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
     @property
     def slots(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def _param(rngs: nnx.Rngs, shape, spec, dtype, scale=0.02) -> nnx.Param:
@@ -192,11 +193,14 @@ def decoder_block(
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """One decoder layer on x [B, T, D]; returns (x, (k, v)).
 
-    With `layer_cache` = (k, v) [B, slots, K, Dh] the new keys/values are written at
-    `cache_index` and attention runs over the whole cache; the returned (k, v) are the updated
-    cache. Projections are plain 2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast):
-    XLA-CPU runs multi-axis einsums several times slower. `params` may hold fused `wqkv` /
-    `w_gate_up` matrices (see `Transformer.layer_params(fuse=True)`).
+    With `layer_cache` = (k, v) [B, K, slots, Dh] (head-major: each head's keys are one
+    contiguous [slots, Dh] matrix) the new keys/values are written at `cache_index` and
+    attention runs over all the slots of that cache (callers size it to the live window);
+    the returned (k, v) are the updated cache. Without a cache, (k, v) are this block's
+    keys/values in the same layout. Projections are plain 2-D matmuls (the [D, H, Dh]
+    weights reshaped, a free bitcast): XLA-CPU runs multi-axis einsums several times slower.
+    `params` may hold fused `wqkv` / `w_gate_up` matrices (see
+    `Transformer.layer_params(fuse=True)`).
     """
     batch, length, d_model = x.shape
     n_q, n_kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
@@ -213,11 +217,12 @@ def decoder_block(
         k = layers.rms_norm(k, params["k_norm"], cfg.rms_eps)
     q = layers.apply_rope(q, positions, cfg.rope_theta)
     k = layers.apply_rope(k, positions, cfg.rope_theta)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, Dh]
     if layer_cache is not None:
         k = jax.lax.dynamic_update_slice_in_dim(layer_cache[0], k.astype(layer_cache[0].dtype),
-                                                cache_index, 1)
+                                                cache_index, 2)
         v = jax.lax.dynamic_update_slice_in_dim(layer_cache[1], v.astype(layer_cache[1].dtype),
-                                                cache_index, 1)
+                                                cache_index, 2)
     attn = layers.attention(q, k.astype(x.dtype), v.astype(x.dtype), mask)
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
@@ -247,7 +252,7 @@ def unrolled_forward(
     """The cached forward of `Transformer.__call__` with a Python loop over layers.
 
     The sampler's path: weights come as per-layer arrays (`Transformer.layer_params`) and the
-    cache as one (k, v) pair [B, slots, K, Dh] per layer, so no decode step slices stacked
+    cache as one (k, v) pair [B, K, slots, Dh] per layer, so no decode step slices stacked
     weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan, doubling
     the bytes moved per token). Same masks and maths as `__call__` with a cache.
     """

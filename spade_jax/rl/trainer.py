@@ -4,6 +4,7 @@
     state = init_train_state(model, optimizer, mesh)
     step = make_train_step(model.cfg, optimizer, mesh, TrainConfig(micro_batches=2))
     state, metrics = step(state, batch)      # state is donated
+    step.lower(abstract_state, abstract_batch).compile()   # AOT, e.g. spade_jax.readiness
 
 batch: tokens [B, T] int32, loss_mask [B, T], advantages [B] or [B, T], old_logp [B, T],
 optionally mask [B, T] (real tokens; default all), behaviour_logp (with tis_cap) and ref_logp
@@ -152,14 +153,25 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
         mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
     jitted = {}
 
-    def run(state: TrainState, batch: dict):
-        batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    def jitted_for(batch: dict):
         key = tuple(sorted((k, v.shape, str(v.dtype)) for k, v in batch.items()))
         if key not in jitted:
             jitted[key] = jax.jit(
                 step, in_shardings=(shardings, {k: batch_sh(v) for k, v in batch.items()}),
                 out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
                 donate_argnums=(0,))
-        return jitted[key](state, batch)
+        return jitted[key]
 
+    def run(state: TrainState, batch: dict):
+        batch = {k: jnp.asarray(v) for k, v in batch.items()}
+        return jitted_for(batch)(state, batch)
+
+    def lower(state: TrainState, batch: dict, **lower_kwargs):
+        """`jax.jit(...).lower` of the step for abstract (ShapeDtypeStruct) state and batch.
+
+        `lower_kwargs` go to `Traced.lower`, e.g. lowering_platforms=('tpu',) on an AbstractMesh.
+        """
+        return jitted_for(batch).trace(state, batch).lower(**lower_kwargs)
+
+    run.lower = lower
     return run

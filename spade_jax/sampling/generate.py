@@ -11,7 +11,7 @@ import flax.nnx as nnx
 from jax.sharding import Mesh
 
 from spade_jax.models.transformer import Transformer
-from spade_jax.sampling.sampler import Sampler, bucket
+from spade_jax.sampling.sampler import Sampler
 
 _SAMPLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -91,7 +91,7 @@ def generate(
         stop_ids.append(int(tokenizer.eos_token_id))
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
     sampler = sampler_for(model, mesh)
-    capacity = bucket(max(len(p) for p in prompt_ids)) + bucket(max_new_tokens)
+    capacity = max(len(p) for p in prompt_ids) + max_new_tokens
     session = sampler.start(prompt_ids, capacity=capacity)
     turns = session.decode(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            stop_token_ids=sorted(set(stop_ids)), seed=seed)

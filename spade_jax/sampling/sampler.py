@@ -1,8 +1,8 @@
 """KV-cache sampler: jitted extend (prefill / append) and a `lax.while_loop` decode.
 
-Cache layout. One (k, v) pair [B, slots, K, Dh] per layer plus `kv_mask` [B, slots] that marks
-the slots holding real tokens. All rows share one write index: every extend or decode step
-writes the same slot range for the whole batch, and rows that have nothing to write there
+Cache layout. One (k, v) pair [B, K, window, Dh] per layer plus `kv_mask` [B, window] that
+marks the slots holding real tokens. All rows share one write index: every extend or decode
+step writes the same slot range for the whole batch, and rows that have nothing to write there
 (padding, finished or inactive rows) leave those slots masked out. Rotary positions are per
 row (a row's position counts its real tokens), so gaps in the cache never change the maths:
 a row attends exactly to its own tokens in order, whatever the padding — which is what makes
@@ -15,14 +15,20 @@ observation but its last token. So prefill and append are the same jitted `exten
 that ended on a stop token needs no extra forward pass.
 
 Capacity: the slot count is fixed when a session starts. Slots are consumed by the longest row
-of each extend block and by every decode step while any row runs, so rows that finish early
-waste slots; size `capacity` for the whole conversation. A decode that runs out of slots ends
-the running rows with finish reason 'length'; an append that does not fit raises
-`CacheFullError`.
+of each extend block (padding a block to its bucketed width never consumes slots: blocks are
+left-aligned and the padding is overwritten by the next write) and by every decode step while
+any row runs, so rows that finish early waste slots; size `capacity` for the whole
+conversation. A decode that runs out of slots ends the running rows with finish reason
+'length'; an append that does not fit raises `CacheFullError`.
 
-Shapes that reach the compiler are bucketed (extend width, decode buffer, stop-id list), and
+Live window: the cache arrays only hold a bucketed *window* of slots that grows with the
+conversation (up to capacity, by padding), so attention and mask costs scale with the filled
+prefix, not with capacity. A decode runs in segments: each is one `lax.while_loop` over the
+current window, and the window grows geometrically between segments while rows still run.
+
+Shapes that reach the compiler are bucketed (window, extend width, stop-id list), and
 temperature / top-k / top-p / seed / limits are traced, so a session compiles a handful of
-programs once.
+programs once (about two per window size it reaches).
 """
 
 from __future__ import annotations
@@ -50,8 +56,18 @@ class CacheFullError(ValueError):
 
 
 def bucket(n: int, minimum: int = _MIN_BUCKET) -> int:
-    """Smallest power of two >= max(n, minimum): the few lengths we compile for."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+    """Smallest length >= max(n, minimum) of the form 2^i or 1.5 * 2^i (16, 24, 32, 48, ...).
+
+    The few lengths we compile for: padding wastes at most a third, and sizes up to 8k need
+    about 20 buckets.
+    """
+    n = max(int(n), minimum)
+    power = 1 << (n - 1).bit_length()
+    return power * 3 // 4 if power * 3 // 4 >= n else power
+
+
+_MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64 slots is cheap
+_SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many steps when needed
 
 
 @dataclasses.dataclass
@@ -73,15 +89,16 @@ def _extend(graphdef, state, layer_params, cache, kv_mask, tokens, token_mask, p
 
 
 def _decode(graphdef, state, layer_params, cache, kv_mask, pending, positions, index, limits,
-            stop_ids, temperature, top_k, top_p, seed, row_ids, *, buffer_len, max_top_k):
+            max_steps, stop_ids, temperature, top_k, top_p, seed, row_ids, *, max_top_k):
+    """At most `max_steps` decode steps; the token buffers are as long as the window."""
     model = nnx.merge(graphdef, state)
     layer_params = layer_params if layer_params is not None else model.layer_params()
-    batch, slots = kv_mask.shape
-    max_steps = jnp.minimum(jnp.max(limits), slots - index)
+    batch, window = kv_mask.shape
+    max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
-    buffers = (jnp.zeros((batch, buffer_len), jnp.int32),
-               jnp.zeros((batch, buffer_len), jnp.float32),
-               jnp.zeros((batch, buffer_len), jnp.float32))
+    buffers = (jnp.zeros((batch, window), jnp.int32),
+               jnp.zeros((batch, window), jnp.float32),
+               jnp.zeros((batch, window), jnp.float32))
     zeros = jnp.zeros((batch,), jnp.int32)
     init = (jnp.int32(0), cache, kv_mask, pending, positions, limits > 0, zeros,
             jnp.zeros((batch,), bool), buffers)
@@ -102,7 +119,7 @@ def _decode(graphdef, state, layer_params, cache, kv_mask, pending, positions, i
         token, logp, sampling_logp = select_tokens(
             logits, keys, temperature=temperature, top_k=top_k, top_p=top_p, max_top_k=max_top_k
         )
-        column = jnp.where(running, n_gen, buffer_len)  # out of range: dropped
+        column = jnp.where(running, n_gen, window)  # out of range: dropped
         buffers = tuple(
             buf.at[rows, column].set(val, mode="drop")
             for buf, val in zip(buffers, (token, logp, sampling_logp), strict=True)
@@ -117,6 +134,13 @@ def _decode(graphdef, state, layer_params, cache, kv_mask, pending, positions, i
 
     steps, cache, kv_mask, *_, n_gen, stopped, buffers = jax.lax.while_loop(cond, body, init)
     return cache, kv_mask, buffers, n_gen, stopped, steps
+
+
+def _grow(cache, kv_mask, *, new_window):
+    """Pad the cache and kv_mask with empty slots up to `new_window`."""
+    extra = new_window - kv_mask.shape[1]
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0)))  # noqa: E731
+    return [(pad(k), pad(v)) for k, v in cache], jnp.pad(kv_mask, ((0, 0), (0, extra)))
 
 
 class Sampler:
@@ -148,7 +172,19 @@ class Sampler:
         return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
     def set_params(self, state: nnx.State) -> None:
-        """Use these weights from now on (same structure as the model's state)."""
+        """Use these weights from now on (same structure as the model's state).
+
+        Abstract weights (a model built with `nnx.eval_shape`) give a sampler that can only
+        `lower` its programs: ahead-of-time checks of a model too large for this machine.
+        """
+        if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state)):
+            if self.fuse_weights:
+                raise ValueError("abstract weights need fuse_weights=False (the TPU/GPU layout)")
+            self.state = jax.tree.map(
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                state, self._state_shardings)
+            self.layer_params = None
+            return
         self.state = jax.device_put(state, self._state_shardings)
         self.layer_params = self._prepare(self.state) if self.fuse_weights else None
 
@@ -161,31 +197,39 @@ class Sampler:
         return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
 
     def _cache_sharding(self, shape):
-        spec = PartitionSpec(("data", "fsdp"), None, "tensor", None)
+        spec = PartitionSpec(("data", "fsdp"), "tensor", None, None)
         return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
 
-    def new_cache(self, batch: int, slots: int) -> tuple[list, jax.Array]:
-        """Empty per-layer cache and kv_mask for `batch` rows and `slots` slots."""
+    def _cache_shardings(self, batch: int, window: int) -> list:
+        shape = (batch, self.cfg.n_kv_heads, window, self.cfg.head_dim)
+        return [(self._cache_sharding(shape),) * 2] * self.cfg.n_layers
+
+    def new_cache(self, batch: int, window: int) -> tuple[list, jax.Array]:
+        """Empty per-layer cache [B, K, window, Dh] and kv_mask [B, window]."""
         cfg = self.cfg
-        shape = (batch, slots, cfg.n_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.n_kv_heads, window, cfg.head_dim)
         dtype = self.state["embed"][...].dtype
-        sharding = self._cache_sharding(shape)
         make = jax.jit(lambda: [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                                 for _ in range(cfg.n_layers)],
-                       out_shardings=[(sharding, sharding)] * cfg.n_layers)
-        kv_mask = jax.device_put(np.zeros((batch, slots), bool),
-                                 self.batch_sharding((batch, slots)))
+                       out_shardings=self._cache_shardings(batch, window))
+        kv_mask = jax.device_put(np.zeros((batch, window), bool),
+                                 self.batch_sharding((batch, window)))
         return make(), kv_mask
 
-    def _program(self, name: str, batch: int, slots: int, **static):
-        key = (name, batch, slots, tuple(sorted(static.items())))
+    def _program(self, name: str, batch: int, window: int, **static):
+        """The jitted 'extend', 'decode' or 'grow' (to `static['new_window']`) program."""
+        key = (name, batch, window, tuple(sorted(static.items())))
         if key in self._jitted:
             return self._jitted[key]
-        cache_sh = [(self._cache_sharding((batch, slots, self.cfg.n_kv_heads,
-                                           self.cfg.head_dim)),) * 2] * self.cfg.n_layers
+        cache_sh = self._cache_shardings(batch, window)
         row = self.batch_sharding((batch,))
         mat = self.batch_sharding((batch, 2))
         scalar = NamedSharding(self.mesh, PartitionSpec())
+        if name == "grow":
+            self._jitted[key] = jax.jit(
+                partial(_grow, **static), in_shardings=(cache_sh, mat),
+                out_shardings=(self._cache_shardings(batch, static["new_window"]), mat))
+            return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.layer_params)
         head = (self._state_shardings, params, cache_sh, mat)
         if name == "extend":
@@ -193,12 +237,46 @@ class Sampler:
             in_sh = (*head, mat, mat, mat, scalar)
             out_sh = (cache_sh, mat)
         else:
-            fn = partial(_decode, self.graphdef, max_top_k=self.max_top_k, **static)
-            in_sh = (*head, row, row, scalar, row, scalar, scalar, scalar, scalar, scalar, row)
+            fn = partial(_decode, self.graphdef, max_top_k=self.max_top_k)
+            in_sh = (*head, row, row, scalar, row, scalar, scalar, scalar, scalar, scalar,
+                     scalar, row)
             out_sh = (cache_sh, mat, (mat, mat, mat), row, row, scalar)
         self._jitted[key] = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh,
                                     donate_argnums=(2, 3))
         return self._jitted[key]
+
+    def lower(self, name: str, batch: int, window: int, *, width: int = _MIN_BUCKET,
+              buffer_len: int | None = None):
+        """`jax.jit(...).lower` of the 'extend' (`width` tokens per row) or 'decode' program
+        over a cache window of `window` slots (the largest a session reaches is its capacity).
+
+        Works with abstract weights; `.compile()` the result to check it builds on this mesh.
+        `buffer_len` is accepted for older callers: decode buffers now span the window.
+        """
+        del buffer_len
+        if name not in ("extend", "decode"):
+            raise ValueError(f"program {name!r}: use 'extend' or 'decode'")
+        window = bucket(window)
+        sds = lambda shape, dtype, sh=None: jax.ShapeDtypeStruct(  # noqa: E731
+            shape, dtype, sharding=sh or self.batch_sharding(shape))
+        scalar = NamedSharding(self.mesh, PartitionSpec())
+        dtype = jax.tree.leaves(self.state["embed"])[0].dtype
+        cache = [tuple(sds((batch, self.cfg.n_kv_heads, window, self.cfg.head_dim), dtype, sh)
+                       for sh in shardings)
+                 for shardings in self._cache_shardings(batch, window)]
+        head = (self.state, self.layer_params, cache, sds((batch, window), jnp.bool_))
+        if name == "extend":
+            block = (batch, width)
+            args = (*head, sds(block, jnp.int32), sds(block, jnp.bool_), sds(block, jnp.int32),
+                    sds((), jnp.int32, scalar))
+            return self._program("extend", batch, window).lower(*args)
+        row = lambda dtype: sds((batch,), dtype)  # noqa: E731
+        scalar_of = lambda dtype: sds((), dtype, scalar)  # noqa: E731
+        args = (*head, row(jnp.int32), row(jnp.int32), scalar_of(jnp.int32), row(jnp.int32),
+                scalar_of(jnp.int32), sds((_STOP_ID_SLOTS,), jnp.int32, scalar),
+                scalar_of(jnp.float32), scalar_of(jnp.int32), scalar_of(jnp.float32),
+                scalar_of(jnp.uint32), row(jnp.int32))
+        return self._program("decode", batch, window).lower(*args)
 
     def start(self, prompts: Sequence[Sequence[int]], *, capacity: int) -> Session:
         """Prefill `prompts` (token ids, each non-empty) into a session with `capacity` slots."""
@@ -231,8 +309,24 @@ class Session:
         self.logprobs = [[0.0] * len(p) for p in prompts]
         self.sampling_logprobs = [[0.0] * len(p) for p in prompts]
         self.write_index = 0
-        self.cache, self.kv_mask = sampler.new_cache(self.batch, self.slots)
+        self.cache, self.kv_mask = None, None
         self._extend([p[:-1] for p in self.sequences])
+
+    @property
+    def window(self) -> int:
+        """Slots the cache arrays currently hold (a bucket >= write_index; grows on demand)."""
+        return 0 if self.kv_mask is None else self.kv_mask.shape[1]
+
+    def _ensure_window(self, needed: int) -> None:
+        """Grow the cache arrays so that slots [0, needed) exist."""
+        if needed <= self.window:
+            return
+        window = bucket(needed, _MIN_WINDOW)
+        if self.cache is None:
+            self.cache, self.kv_mask = self.sampler.new_cache(self.batch, window)
+        else:
+            grow = self.sampler._program("grow", self.batch, self.window, new_window=window)
+            self.cache, self.kv_mask = grow(self.cache, self.kv_mask)
 
     @property
     def free_slots(self) -> int:
@@ -247,27 +341,32 @@ class Session:
             )
 
     def _extend(self, blocks: list[list[int]]) -> None:
-        """Write each row's `blocks[r]` (right-aligned in one bucketed block) into the cache."""
+        """Write each row's `blocks[r]` into the cache, left-aligned in one bucketed block.
+
+        Only the longest block's length is consumed: the padding after it is masked out and
+        overwritten by the next write, so bucketing never eats slots the caller sized for.
+        """
         longest = max((len(b) for b in blocks), default=0)
         if longest == 0:
             return
         self._check_fits(longest)
-        width = bucket(longest) if bucket(longest) <= self.free_slots else longest
+        width = bucket(longest)
+        self._ensure_window(self.write_index + width)
         tokens = np.zeros((self.batch, width), np.int32)
         mask = np.zeros((self.batch, width), bool)
         positions = np.zeros((self.batch, width), np.int32)
         for r, block in enumerate(blocks):
             if block:
                 n = len(block)
-                tokens[r, width - n:] = block
-                mask[r, width - n:] = True
+                tokens[r, :n] = block
+                mask[r, :n] = True
                 # The block ends just before the row's pending (last) token.
-                positions[r, width - n:] = len(self.sequences[r]) - 1 - n + np.arange(n)
-        program = self.sampler._program("extend", self.batch, self.slots)
+                positions[r, :n] = len(self.sequences[r]) - 1 - n + np.arange(n)
+        program = self.sampler._program("extend", self.batch, self.window)
         self.cache, self.kv_mask = program(
             self.sampler.state, self.sampler.layer_params, self.cache, self.kv_mask,
             tokens, mask, positions, np.int32(self.write_index))
-        self.write_index += width
+        self.write_index += longest
 
     def append(self, observations: Sequence[Sequence[int] | None]) -> None:
         """Append tokens (e.g. an environment observation) to rows; None or [] leaves a row as is.
@@ -315,35 +414,51 @@ class Session:
             raise ValueError(f"at most {_STOP_ID_SLOTS} stop token ids are supported")
         stop_ids = np.full((_STOP_ID_SLOTS,), -1, np.int32)
         stop_ids[: len(stop_token_ids)] = list(stop_token_ids)
-        padded = lambda values, fill: np.concatenate(  # noqa: E731
-            [np.asarray(values), np.full((self.batch - n,), fill, np.asarray(values).dtype)])
-        pending = padded([seq[-1] for seq in self.sequences], 0).astype(np.int32)
-        positions = padded([len(seq) - 1 for seq in self.sequences], 0).astype(np.int32)
-        limits_p = padded(limits, 0).astype(np.int32)
-        buffer_len = bucket(int(limits.max(initial=0)))
-        program = self.sampler._program("decode", self.batch, self.slots, buffer_len=buffer_len)
+        outputs: list[TurnOutput | None] = [
+            TurnOutput([], [], [], "length") if limit > 0 else None for limit in limits]
+        remaining, running = limits.copy(), limits > 0
+        while running.any() and self.write_index < self.slots:
+            want = min(int(remaining[running].max()), self.slots - self.write_index)
+            # Grow the window geometrically, only as far as this segment needs.
+            self._ensure_window(self.write_index + min(
+                want, max(_SEGMENT_MIN_STEPS, self.write_index // 2)))
+            steps, n_gen, stopped, buffers = self._decode_segment(
+                np.where(running, remaining, 0), stop_ids, temperature, top_k, top_p, seed)
+            self.write_index += steps
+            for r in np.flatnonzero(running):
+                k = int(n_gen[r])
+                tokens, logps, sampling_logps = (b[r, :k].tolist() for b in buffers)
+                out = outputs[r]
+                out.tokens += tokens
+                out.logprobs += logps
+                out.sampling_logprobs += sampling_logps
+                self.sequences[r] += tokens
+                self.loss_masks[r] += [1] * k
+                self.logprobs[r] += logps
+                self.sampling_logprobs[r] += sampling_logps
+                remaining[r] -= k
+                if stopped[r]:
+                    out.finish_reason = "stop"
+                running[r] = not stopped[r] and remaining[r] > 0
+        return outputs
+
+    def _decode_segment(self, limits, stop_ids, temperature, top_k, top_p, seed):
+        """One while-loop decode over the current window; returns (steps, n_gen, stopped,
+        (tokens, logps, sampling_logps)) as host arrays for the first `num_rows` rows."""
+        n = self.num_rows
+        padded = lambda values: np.concatenate(  # noqa: E731
+            [np.asarray(values, np.int32), np.zeros((self.batch - n,), np.int32)])
+        program = self.sampler._program("decode", self.batch, self.window)
         self.cache, self.kv_mask, buffers, n_gen, stopped, steps = program(
             self.sampler.state, self.sampler.layer_params, self.cache, self.kv_mask,
-            pending, positions, np.int32(self.write_index), limits_p, stop_ids,
+            padded([seq[-1] for seq in self.sequences]),
+            padded([len(seq) - 1 for seq in self.sequences]),
+            np.int32(self.write_index), padded(limits),
+            np.int32(min(self.slots, self.window) - self.write_index), stop_ids,
             np.float32(temperature), np.int32(top_k), np.float32(top_p), np.uint32(seed),
             np.arange(self.batch, dtype=np.int32))
-        tokens, logps, sampling_logps = (np.asarray(b) for b in buffers)
-        n_gen, stopped = np.asarray(n_gen), np.asarray(stopped)
-        self.write_index += int(steps)
-        outputs: list[TurnOutput | None] = []
-        for r in range(n):
-            if limits[r] == 0:
-                outputs.append(None)
-                continue
-            k = int(n_gen[r])
-            out = TurnOutput(tokens[r, :k].tolist(), logps[r, :k].tolist(),
-                             sampling_logps[r, :k].tolist(), "stop" if stopped[r] else "length")
-            self.sequences[r] += out.tokens
-            self.loss_masks[r] += [1] * k
-            self.logprobs[r] += out.logprobs
-            self.sampling_logprobs[r] += out.sampling_logprobs
-            outputs.append(out)
-        return outputs
+        return (int(steps), np.asarray(n_gen)[:n], np.asarray(stopped)[:n],
+                tuple(np.asarray(b)[:n] for b in buffers))
 
     def training_arrays(self, rows: Sequence[int] | None = None,
                         length: int | None = None) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ from (seed, cycle), so a resumed run continues exactly as an uninterrupted one w
 from __future__ import annotations
 
 import logging
+import os
 
 import jax
 from tqdm import tqdm
@@ -16,6 +17,7 @@ from tqdm import tqdm
 from spade_jax import config as config_lib
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.distributed import is_main_process
+from spade_jax.eval.runner import in_loop_tasks, run_in_loop_eval
 from spade_jax.metrics import MetricsWriter, PhaseTimer
 from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.corpus import load_corpus
@@ -29,6 +31,19 @@ def fresh_state(cfg, seed_envs) -> HostState:
                        staleness_coef=cfg.memory.staleness_coef)
     memory.seed_from((e.name, e.skill, e.code) for e in seed_envs)
     return HostState(cycle=0, memory=memory, pool=[])
+
+
+CONFIG_FILE = "config.json"
+
+
+def write_config(cfg, workdir: str) -> str:
+    """Record the run's config as `<workdir>/config.json` (read back by launch/export.py)."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, CONFIG_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(cfg.to_json_best_effort(indent=2))
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> list[dict]:
@@ -54,6 +69,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> lis
         rt.set_device_state(device_state)
         state, history = HostState.from_json(host["state"]), host["history"]
         logging.info("resuming at cycle %d from %s", state.cycle, checkpointer.directory)
+    if main:
+        write_config(cfg, workdir)
+    eval_tasks = in_loop_tasks(cfg)
     writer = MetricsWriter(workdir, enabled=main)
     artifacts = Artifacts(workdir, enabled=main)
     bar = tqdm(total=cfg.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)
@@ -64,6 +82,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> lis
             metrics = run_cycle(rt, cfg, state, corpus, artifacts)
             metrics.update(rt.timer.shares())
             metrics["throughput/tokens_per_s"] = rt.pop_tokens_per_second()
+            if eval_tasks and state.cycle % cfg.eval.every == 0:
+                eval_dir = os.path.join(workdir, "eval", f"cycle_{cycle:05d}") if main else None
+                metrics.update(run_in_loop_eval(rt, cfg, eval_tasks, eval_dir))
             writer.write(cycle, metrics)
             history.append({"cycle": cycle, **metrics})
             bar.update(1)

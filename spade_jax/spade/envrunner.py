@@ -39,7 +39,15 @@ class SandboxEnvRunner:
         self.leaked_hints = 0
 
     def reset_many(self, specs: Sequence) -> list[EpisodeStart]:
-        results = self.pool.start_many([(s.code, s.seed) for s in specs], max_turns=self.max_turns)
+        by_turns: dict[int, list[int]] = {}
+        for i, spec in enumerate(specs):
+            by_turns.setdefault(spec.max_turns or self.max_turns, []).append(i)
+        results = [None] * len(specs)
+        for turns, rows in by_turns.items():
+            started = self.pool.start_many([(specs[i].code, specs[i].seed) for i in rows],
+                                           max_turns=turns)
+            for i, result in zip(rows, started, strict=True):
+                results[i] = result
         starts = []
         for spec, result in zip(specs, results, strict=True):
             hint = self._resolve_hint(result.handle, spec.hint) if (result.ok and spec.hint) \

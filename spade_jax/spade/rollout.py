@@ -25,12 +25,14 @@ class EpisodeSpec:
     """What to play: environment code, seed, and the hint asked for (None: no hint).
 
     The env runner resolves the hint the episode really sees (see `envrunner.ENV_HINT`).
+    `max_turns` overrides the runner's turn limit for this episode (evaluation tasks).
     """
 
     env_id: str
     code: str
     seed: int
     hint: str | None = None
+    max_turns: int | None = None
 
 
 @dataclasses.dataclass
@@ -46,6 +48,7 @@ class Episode:
     status: str  # ok | crashed | timeout | context_full
     turns: int
     generated_tokens: int
+    hint: str | None = None  # the hint this episode was shown (after the env runner's checks)
 
     @property
     def failed(self) -> bool:
@@ -188,6 +191,6 @@ def play_episodes(
                 loss_mask=np.asarray(session.loss_masks[i], bool),
                 old_logp=np.asarray(session.logprobs[i], np.float32),
                 rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
-                turns=turns[i], generated_tokens=generated[i])
+                turns=turns[i], generated_tokens=generated[i], hint=starts[i].hint)
         for i in range(n)
     ]

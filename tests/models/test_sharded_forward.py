@@ -54,8 +54,8 @@ def test_query_chunked_attention_is_exact_in_value_and_gradient():
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     length = 300
     q = jax.random.normal(k1, (2, length, 6, 16))
-    k = jax.random.normal(k2, (2, length, 2, 16))
-    v = jax.random.normal(k3, (2, length, 2, 16))
+    k = jax.random.normal(k2, (2, 2, length, 16))  # [B, K, S, Dh]
+    v = jax.random.normal(k3, (2, 2, length, 16))
     mask = jnp.tril(jnp.ones((length, length), bool))[None].repeat(2, 0)
     full = lambda q: layers.attention(q, k, v, mask, query_chunk=4096)  # noqa: E731
     chunked = lambda q: layers.attention(q, k, v, mask, query_chunk=128)  # noqa: E731

@@ -49,6 +49,7 @@ def test_micro_batches_give_the_same_update():
     assert m1["tokens"] == m4["tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 8, 1), (8, 1, 1)])
 def test_sharded_step_equals_single_device(mesh_shape):
     config = TrainConfig(learning_rate=1e-3, micro_batches=1)

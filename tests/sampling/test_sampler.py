@@ -77,6 +77,7 @@ def test_fixed_seed_reproducible_and_seeds_differ(sampler):
     assert [t.tokens for t in a] != [t.tokens for t in c]
 
 
+@pytest.mark.slow
 def test_multi_turn_equals_reprefill(model, sampler):
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
     observations = [[[11, 12, 13], None, [14]], [[15], [16, 17, 18, 19, 20], [21, 22]]]
@@ -103,21 +104,41 @@ def test_multi_turn_equals_reprefill(model, sampler):
 
 
 def test_sampling_knobs_do_not_recompile(sampler):
-    session = sampler.start([[1, 2, 3]], capacity=128)
-    session.decode(8, temperature=0.0)
+    knobs = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.5, 5, 0.9), (0.7, 0, 0.5), (0.0, 3, 0.2)]
+
+    def conversation(knobs):
+        # The same shapes every time (the window grows the same way); only the knobs change.
+        session = sampler.start([[1, 2, 3]], capacity=128)
+        for temperature, top_k, top_p in knobs:
+            session.decode(8, temperature=temperature, top_k=top_k, top_p=top_p, seed=1)
+
+    conversation([knobs[0]] * len(knobs))
     before = sampler.compile_count()
-    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.5, 5, 0.9), (0.7, 0, 0.5), (0.0, 3, 0.2)]:
-        session.decode(8, temperature=temperature, top_k=top_k, top_p=top_p, seed=1)
+    conversation(knobs)
     assert sampler.compile_count() == before
+
+
+@pytest.mark.parametrize("prompt_len, new_tokens", [(300, 200), (700, 32)])
+def test_bucket_padding_never_eats_the_decode_slots(model, sampler, prompt_len, new_tokens):
+    # Sized like the SPADE runtime: longest prompt + max_new_tokens + 1. Padding the prefill
+    # block to its bucket (300 -> 384 wide) must not consume the slots the decode needs.
+    prompt = [1 + i % 50 for i in range(prompt_len)]
+    session = sampler.start([prompt], capacity=prompt_len + new_tokens + 1)
+    turn = session.decode(new_tokens)[0]
+    assert len(turn.tokens) == new_tokens and turn.finish_reason == "length"
+    # The window grew across several decode segments; greedy still equals the full forward.
+    ref = full_logprobs(model, prompt + turn.tokens)[prompt_len - 1: -1]
+    assert turn.tokens == np.argmax(ref, axis=-1).tolist()
+    assert session.window < 2 * (prompt_len + new_tokens)
 
 
 def test_top_k_one_is_greedy_and_capacity_errors(sampler):
     greedy = sampler.start([[2, 3]], capacity=64).decode(8)[0].tokens
     assert sampler.start([[2, 3]], capacity=64).decode(8, temperature=1.5, top_k=1)[0].tokens \
         == greedy
-    session = sampler.start([[2, 3]], capacity=32)  # the prefill block takes 16 slots
+    session = sampler.start([[2, 3]], capacity=32)  # the prefill takes 1 slot
     turn = session.decode(100)[0]
-    assert turn.finish_reason == "length" and len(turn.tokens) == 16
+    assert turn.finish_reason == "length" and len(turn.tokens) == 31
     with pytest.raises(CacheFullError):
         session.append([[1, 2, 3]])
 

@@ -1,0 +1,113 @@
+"""Evaluate a policy on held-out benchmarks, or compare two evaluation runs.
+
+    python launch/eval.py --config=configs/smollm2_135m.py --model=smollm2-135m-instruct \
+        --suites=bfcl_multi_turn,humaneval,reasoning_gym,games --limit=5 --out=runs/eval/base
+    python launch/eval.py --config=configs/smollm2_135m.py --checkpoint=runs/smollm2 \
+        --out=runs/eval/trained                  # a training workdir or its checkpoints/<step>
+    python launch/eval.py --compare runs/eval/base runs/eval/trained
+
+Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
+category and the suite mean; with and without hints where the environment defines one) under
+--out. Rerunning into the same --out skips the episodes already scored. --limit keeps a fixed
+subset of that many items per suite, spread over its categories. Any config key can be
+overridden as in launch/train.py (e.g. --config.sampling.max_context=8192).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "Training workdir (newest checkpoint) or its checkpoints/<step> dir.")
+_MODEL = flags.DEFINE_string(
+    "model", None, "Model to evaluate instead of config.model.source: a name, HF dir or .gguf.")
+_SUITES = flags.DEFINE_string(
+    "suites", "bfcl_multi_turn,humaneval,reasoning_gym,games", "Comma-separated suites.")
+_LIMIT = flags.DEFINE_integer("limit", 0, "Items per suite (a fixed subset); 0: all.")
+_OUT = flags.DEFINE_string("out", None, "Result directory (resumed if it holds results).")
+_COMPARE = flags.DEFINE_bool(
+    "compare", False, "Print two result dirs side by side: --compare DIR1 DIR2.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+    "max_new_tokens", 0, "Tokens per agent turn; 0: config.sampling.agent_max_new_tokens.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature (0: greedy).")
+_BATCH = flags.DEFINE_integer("batch_size", 16, "Episodes played at once.")
+_HINTS = flags.DEFINE_bool("hints", True, "Also play hinted episodes where an env has hint().")
+_GAMES = flags.DEFINE_string(
+    "games", "seeds", "Games suite: 'seeds' (our seed games) or a directory of env files.")
+_GAMES_MAX_TURNS = flags.DEFINE_integer(
+    "games_max_turns", 0, "Turn limit of the games suite; 0: config.spade.max_turns.")
+_BFCL_STEP_LIMIT = flags.DEFINE_integer(
+    "bfcl_step_limit", 0, "Calls per BFCL user turn before force-quit; 0: BFCL's own (20).")
+_UNSAFE = flags.DEFINE_bool(
+    "allow_unsafe_sandbox", False,
+    "Run benchmark code even if only rlimits (no bubblewrap/seccomp) are available.")
+
+
+def main(argv):
+    from spade_jax.eval import report, runner
+
+    if _COMPARE.value:
+        if len(argv) != 3:
+            raise app.UsageError("--compare takes two result directories: --compare DIR1 DIR2")
+        for directory in argv[1:]:
+            if not (Path(directory) / report.SUMMARY_JSON).is_file():
+                sys.exit(f"error: {directory} holds no {report.SUMMARY_JSON}")
+        print(report.compare(argv[1], argv[2]), end="")
+        return
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    if _CONFIG.value is None or _OUT.value is None:
+        raise app.UsageError("--config and --out are required (or --compare DIR1 DIR2)")
+    if _CHECKPOINT.value and _MODEL.value:
+        raise app.UsageError("give --checkpoint or --model, not both")
+    cfg = _CONFIG.value
+    if _MODEL.value:
+        cfg.model.source = _MODEL.value
+    if _UNSAFE.value:
+        cfg.sandbox.allow_unsafe = True
+    try:
+        tasks = runner.build_tasks(
+            _SUITES.value, limit=_LIMIT.value or None, games=_GAMES.value,
+            games_max_turns=_GAMES_MAX_TURNS.value or cfg.spade.max_turns,
+            bfcl_step_limit=_BFCL_STEP_LIMIT.value or None)
+        if _CHECKPOINT.value:
+            runner.checkpoint_location(_CHECKPOINT.value)
+    except (ValueError, ImportError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
+
+    from spade_jax.checkpoint import CheckpointError
+    from spade_jax.errors import SpadeError
+    from spade_jax.spade.runtime import Runtime
+
+    try:
+        rt = Runtime.create(cfg)
+    except SpadeError as err:
+        sys.exit(f"error: {err}")
+    try:
+        if _CHECKPOINT.value:
+            try:
+                step = runner.restore_checkpoint(rt, _CHECKPOINT.value)
+            except (FileNotFoundError, CheckpointError) as err:
+                sys.exit(f"error: {err}")
+            logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
+        runner.evaluate(
+            rt, tasks, _OUT.value,
+            max_new_tokens=_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens,
+            temperature=_TEMPERATURE.value, batch_size=_BATCH.value, with_hints=_HINTS.value,
+            seed=cfg.seed)
+    finally:
+        rt.close()
+    print((Path(_OUT.value) / report.SUMMARY_MD).read_text(), end="")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for noisy in ("absl", "orbax", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    app.run(main)

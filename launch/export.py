@@ -1,0 +1,132 @@
+"""Export a training checkpoint as a Hugging Face safetensors directory (config and tokenizer).
+
+    python launch/export.py --checkpoint=runs/smollm2 --out=exported/smollm2
+    python launch/export.py --checkpoint=runs/smollm2/checkpoints/3 --out=exported/c3
+    python launch/export.py --checkpoint=runs/x --config=configs/tiny.py --out=exported/x
+
+`--checkpoint` is a training workdir (its newest checkpoint is used) or one `checkpoints/N`
+directory in it. The run's config is read from `<workdir>/config.json` (written by
+`launch/train.py`) unless `--config` is given. The result loads with
+`transformers.AutoModelForCausalLM.from_pretrained(out)` (and vLLM) and gives our logits.
+Parameters are restored onto the first device; `--shard` restores onto the config's mesh over
+every device instead (for models that do not fit one device; run it on every host).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "The run's configs/*.py (default: <workdir>/config.json).")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "A training workdir or its checkpoints/N directory.")
+_OUT = flags.DEFINE_string("out", None, "Output directory for the HF checkpoint.")
+_DTYPE = flags.DEFINE_string(
+    "dtype", None, "Tensor dtype of the export (default: the run's param_dtype), e.g. bfloat16.")
+_SHARD = flags.DEFINE_bool(
+    "shard", False, "Restore onto the config's mesh over all devices instead of one device.")
+flags.mark_flags_as_required(["checkpoint", "out"])
+
+
+class ExportError(RuntimeError):
+    """The checkpoint or its config could not be found or read."""
+
+
+def locate(checkpoint: str) -> tuple[Path, int | None]:
+    """(workdir, step) of a workdir path (step None: newest) or a `checkpoints/N` path."""
+    path = Path(checkpoint).expanduser().resolve()
+    if path.name.isdigit() and path.parent.name == "checkpoints":
+        return path.parent.parent, int(path.name)
+    if (path / "checkpoints").is_dir():
+        return path, None
+    raise ExportError(
+        f"{checkpoint} is neither a training workdir (with checkpoints/) nor a "
+        "<workdir>/checkpoints/N directory")
+
+
+def read_run_config(workdir: Path):
+    """The run config a workdir recorded in config.json, as a ConfigDict."""
+    import ml_collections
+
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise ExportError(
+            f"{path} does not exist (runs started before config.json was recorded); pass "
+            "--config=configs/<the run's config>.py with the run's overrides")
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def model_config_and_tokenizer(cfg):
+    """The architecture the run trained and its tokenizer, as `Runtime` would load them."""
+    from spade_jax import config as config_lib
+    from spade_jax.policy import _resolve
+    from spade_jax.weights.gguf import gguf_model_config, open_gguf, smollm2_gguf_path
+    from spade_jax.weights.safetensors_io import load_hf_config
+    from spade_jax.weights.tokenizer import load_tokenizer
+
+    if cfg.model.source == "random":
+        name = cfg.model.tokenizer
+        path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
+        return config_lib.model_config(cfg), load_tokenizer(path)
+    source = _resolve(cfg.model.source)
+    if source.is_dir():
+        model_cfg = load_hf_config(source)
+    else:
+        model_cfg = gguf_model_config(open_gguf(source), where=str(source))
+    return model_cfg, load_tokenizer(source)
+
+
+def export(checkpoint: str, out: str, cfg=None, *, dtype=None, shard: bool = False) -> Path:
+    """Restore a checkpoint's parameters and write them as an HF directory at `out`."""
+    import flax.nnx as nnx
+    import jax
+
+    from spade_jax import config as config_lib
+    from spade_jax.checkpoint import Checkpointer
+    from spade_jax.readiness import abstract_train_state
+    from spade_jax.rl.trainer import TrainConfig, make_optimizer
+    from spade_jax.sharding import make_mesh
+    from spade_jax.weights.safetensors_io import save_hf
+
+    workdir, step = locate(checkpoint)
+    cfg = cfg if cfg is not None else read_run_config(workdir)
+    model_cfg, tokenizer = model_config_and_tokenizer(cfg)
+    if shard:
+        mesh = make_mesh(config_lib.mesh_shape(cfg, jax.device_count()))
+    else:
+        mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    optimizer = make_optimizer(TrainConfig())  # only the optimizer state's structure matters
+    model, target = abstract_train_state(model_cfg, optimizer, mesh, cfg.model.param_dtype)
+    checkpointer = Checkpointer(str(workdir))
+    try:
+        step = step if step is not None else checkpointer.latest_step()
+        if step is None:
+            raise ExportError(f"{workdir}/checkpoints holds no finished checkpoint")
+        state, _ = checkpointer.restore(step, target)
+    finally:
+        checkpointer.close()
+    graphdef, _ = nnx.split(model)
+    trained = nnx.merge(graphdef, state.params)
+    directory = save_hf(trained, out, tokenizer=tokenizer, dtype=dtype)
+    logging.info("exported checkpoint %d of %s to %s", step, workdir, directory)
+    return directory
+
+
+def main(argv):
+    del argv
+    for noisy in ("absl", "orbax", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    path = export(_CHECKPOINT.value, _OUT.value, _CONFIG.value, dtype=_DTYPE.value,
+                  shard=_SHARD.value)
+    print(f"wrote {path} ({', '.join(sorted(os.listdir(path)))})")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    app.run(main)

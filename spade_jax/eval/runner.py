@@ -1,0 +1,285 @@
+"""Play evaluation tasks with the training rollout and write their results (DESIGN §7).
+
+    tasks = build_tasks(["games", "reasoning_gym"], limit=5, games_max_turns=4)
+    summary = evaluate(rt, tasks, "runs/eval1", max_new_tokens=256)
+
+Every task is an episode of `spade.rollout.play_episodes` on the runtime's sampler, greedy by
+default, in batches that share an agent prompt (each episode keeps its task's turn limit). A
+task whose environment defines `hint()` is also played with that hint (`envrunner.ENV_HINT`,
+leak-checked as in training).
+Rows go to `items.jsonl` after every batch, so a rerun into the same directory skips what is
+already scored; `summary.json` and `summary.md` are written at the end (`report`).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import logging
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from spade_jax.eval import report
+from spade_jax.eval.games import named_game_tasks
+from spade_jax.eval.suites import build_eval_tasks
+from spade_jax.eval.tasks import EvalTask
+from spade_jax.spade import prompts
+from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
+from spade_jax.spade.rollout import Episode, EpisodeSpec, play_episodes
+
+log = logging.getLogger(__name__)
+
+# Command-line / config suite names -> `suites.build_eval_tasks` names.
+SUITE_NAMES = {
+    "bfcl_multi_turn": "bfcl",
+    "humaneval": "humaneval",
+    "reasoning_gym": "reasoning_gym",
+    "games": "games",
+}
+TOOL_USE_SUITES = ("bfcl",)  # played with the tool-use agent prompt; the rest as games
+SEED_GAMES = "seeds"  # the games suite from our (non-tool-use) seed environments
+PROMPT_BUDGET = 2048  # cache slots for the first observation (play_episodes keeps its tail)
+OBSERVATION_BUDGET = 512  # cache slots per later observation (play_episodes' default cut)
+EVAL_STEP_TIMEOUT_S = 10.0  # above the benchmarks' own limits (HumanEval runs tests for 3 s)
+REPLY_CHARS = 2000  # characters kept per agent reply in items.jsonl
+
+
+def parse_suites(names: str | Iterable[str]) -> list[str]:
+    """Suite names (a comma string or a list) as `build_eval_tasks` names; ValueError if unknown."""
+    if isinstance(names, str):
+        names = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SUITE_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown eval suites {unknown or names}; choose from {list(SUITE_NAMES)}")
+    return [SUITE_NAMES[name] for name in names]
+
+
+def build_tasks(
+    suite_names: str | Iterable[str],
+    *,
+    limit: int | None = None,
+    games: str = SEED_GAMES,
+    games_max_turns: int = 25,
+    games_seeds: int = 8,
+    bfcl_step_limit: int | None = None,
+) -> list[EvalTask]:
+    """Tasks of the named suites; with `limit`, a fixed subset of `limit` items per suite.
+
+    `games` is 'seeds' (our seed game environments) or a directory of environment files.
+    """
+    suites = parse_suites(suite_names)
+    from_dir = games != SEED_GAMES
+    built = build_eval_tasks(
+        [s for s in suites if s != "games" or from_dir],
+        bfcl_limit=limit,
+        bfcl_step_limit=bfcl_step_limit,
+        humaneval_limit=limit,
+        games_dir=games if from_dir else None,
+        games_seeds=games_seeds,
+        games_max_turns=games_max_turns,
+    )
+    if "games" in suites and not from_dir:
+        from spade_jax.envs.seeds import list_seed_envs
+
+        seeds = [(e.name, e.code, str(e.path)) for e in list_seed_envs(tool_use=False)]
+        built["games"] = named_game_tasks(seeds, games_seeds, games_max_turns)
+    return [task for suite in suites for task in fixed_subset(built[suite], limit)]
+
+
+def fixed_subset(tasks: Sequence[EvalTask], limit: int | None) -> list[EvalTask]:
+    """The first `limit` tasks taken round-robin over categories (deterministic; None: all)."""
+    if limit is None:
+        return list(tasks)
+    by_category: dict[str, list[EvalTask]] = {}
+    for task in tasks:
+        by_category.setdefault(task.category, []).append(task)
+    interleaved = itertools.chain.from_iterable(itertools.zip_longest(*by_category.values()))
+    return [task for task in interleaved if task is not None][:limit]
+
+
+def defines_hint(code: str) -> bool:
+    """Whether the environment's `*Env` class defines its own `hint()` method."""
+    for node in ast.parse(code).body:
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Env"):
+            return any(isinstance(item, ast.FunctionDef) and item.name == "hint"
+                       for item in node.body)
+    return False
+
+
+def evaluate(
+    rt,
+    tasks: Sequence[EvalTask],
+    out_dir: str | Path | None,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    batch_size: int = 16,
+    with_hints: bool = True,
+    resume: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Play every task (and its hinted variant), write results under `out_dir`; the summary.
+
+    `rt` needs `sampler`, `chat` and `cfg` (a `spade.runtime.Runtime`); the environments run
+    in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call. With
+    `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
+    empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
+    hosts of a run).
+    """
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None and not resume:
+        shutil.rmtree(out, ignore_errors=True)
+    items = out / report.ITEMS_FILE if out is not None else None
+    episodes = [(task, hint) for task in tasks
+                for hint in ((False, True) if with_hints and defines_hint(task.code) else (False,))]
+    wanted = {_task_key(task, hint) for task, hint in episodes}
+    scored = report.read_jsonl(items) if items is not None and items.exists() else []
+    records = [r for r in scored if _record_key(r) in wanted]
+    done = {_record_key(r) for r in records}
+    pending = [(task, hint) for task, hint in episodes if _task_key(task, hint) not in done]
+    if records:
+        log.info("%s: %d rows already scored, %d episodes to play", out, len(records),
+                 len(pending))
+    pool = _eval_pool(rt.cfg)
+    bar = tqdm(total=len(pending), desc="eval", unit="episode", disable=not progress)
+    try:
+        for batch in _batches(pending, batch_size):
+            played = _play(rt, pool, batch, max_new_tokens=max_new_tokens,
+                           temperature=temperature, seed=seed)
+            rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
+                    for (task, hint), episode in zip(batch, played, strict=True)]
+            if items is not None:
+                report.append_jsonl(items, rows)
+            records += rows
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        pool.shutdown()
+    if out is None:
+        return report.summarize(records)
+    out.mkdir(parents=True, exist_ok=True)
+    return report.write_summary(out, records)
+
+
+def summary_metrics(summary: dict) -> dict[str, float]:
+    """Mean returns as `eval/<suite>/<category>` and `eval/<suite>/mean` (hinted: `.../hint`)."""
+    metrics = {}
+    for row in summary["rows"]:
+        category = "mean" if row["category"] == report.SUITE_MEAN else row["category"]
+        suffix = "/hint" if row["hint"] else ""
+        metrics[f"eval/{row['suite']}/{category}{suffix}"] = row["mean_return"]
+    return metrics
+
+
+def in_loop_tasks(cfg) -> list[EvalTask]:
+    """The fixed subset `cfg.eval` names for in-loop evaluation (none when eval.every is 0)."""
+    if cfg.eval.every <= 0:
+        return []
+    return build_tasks(cfg.eval.suites, limit=cfg.eval.limit or None, games=cfg.eval.games,
+                       games_max_turns=cfg.spade.max_turns)
+
+
+def run_in_loop_eval(rt, cfg, tasks: Sequence[EvalTask], out_dir: str | Path | None
+                     ) -> dict[str, float]:
+    """Evaluate `tasks` afresh (no hints, greedy) into `out_dir`; their `eval/*` metrics."""
+    summary = evaluate(rt, tasks, out_dir, max_new_tokens=cfg.sampling.agent_max_new_tokens,
+                       with_hints=False, resume=False, progress=False, seed=cfg.seed)
+    return summary_metrics(summary)
+
+
+def checkpoint_location(path: str | Path) -> tuple[Path, int | None]:
+    """(training workdir, step or None for its newest) of a workdir or `checkpoints/<step>`."""
+    from spade_jax.errors import MissingFileError
+
+    path = Path(path).expanduser().resolve()
+    if path.parent.name == "checkpoints" and path.name.isdigit():
+        if not path.is_dir():
+            raise MissingFileError(f"no checkpoint directory {path}")
+        return path.parent.parent, int(path.name)
+    if not (path / "checkpoints").is_dir():
+        raise MissingFileError(f"no checkpoints under {path}: pass a training workdir or its "
+                               "checkpoints/<step> directory")
+    return path, None
+
+
+def restore_checkpoint(rt, path: str | Path) -> int:
+    """Load the params of a training checkpoint (`checkpoint_location`) into `rt`; its step."""
+    from spade_jax.checkpoint import Checkpointer
+    from spade_jax.errors import MissingFileError
+
+    workdir, step = checkpoint_location(path)
+    checkpointer = Checkpointer(str(workdir))
+    try:
+        step = checkpointer.latest_step() if step is None else step
+        if step is None:
+            raise MissingFileError(f"no complete checkpoint in {workdir / 'checkpoints'}")
+        state, _ = checkpointer.restore(step, rt.device_state())
+    finally:
+        checkpointer.close()
+    rt.set_device_state(state)
+    return step
+
+
+def _eval_pool(cfg):
+    from spade_jax.envs import EnvPool, SandboxConfig
+
+    sandbox = SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
+                            call_timeout_s=EVAL_STEP_TIMEOUT_S)
+    return EnvPool(sandbox, warm=cfg.sandbox.warm_workers)
+
+
+def _batches(pending: list[tuple[EvalTask, bool]], batch_size: int):
+    """Batches of at most `batch_size` episodes sharing an agent prompt, in task order."""
+    groups: dict[str, list] = {}
+    for task, hint in pending:
+        groups.setdefault(_game_type(task), []).append((task, hint))
+    for group in groups.values():
+        for start in range(0, len(group), batch_size):
+            yield group[start:start + batch_size]
+
+
+def _game_type(task: EvalTask) -> str:
+    return "tool_use" if task.suite in TOOL_USE_SUITES else "game"
+
+
+def _play(rt, pool, batch, *, max_new_tokens: int, temperature: float, seed: int
+          ) -> list[Episode]:
+    specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
+             for t, hint in batch]
+    turns = max(t.max_turns for t, _ in batch)
+    capacity = min(rt.cfg.sampling.max_context,
+                   PROMPT_BUDGET + turns * max_new_tokens + (turns - 1) * OBSERVATION_BUDGET)
+    return play_episodes(
+        specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
+        system_prompt=prompts.agent_system_prompt(_game_type(batch[0][0])), max_turns=turns,
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, capacity=capacity,
+        max_observation_tokens=OBSERVATION_BUDGET)
+
+
+def _episode_row(task: EvalTask, hint: bool, episode: Episode, tokenizer) -> dict:
+    info = {"status": episode.status, "rewards": episode.rewards,
+            "replies": _agent_replies(episode, tokenizer)}
+    if hint:
+        info["hint_shown"] = episode.hint is not None
+    return report.episode_record(task, episode.episode_return, hint=hint,
+                                 crashed=episode.failed, n_steps=episode.turns, info=info)
+
+
+def _agent_replies(episode: Episode, tokenizer) -> list[str]:
+    """The text of each agent turn (each run of generated tokens), cut to `REPLY_CHARS`."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], episode.loss_mask.astype(np.int8), [0]])))
+    return [tokenizer.decode(episode.tokens[a:b], skip_special_tokens=True)[:REPLY_CHARS]
+            for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def _task_key(task: EvalTask, hint: bool) -> tuple:
+    return (task.suite, task.task_id, task.seed, hint)
+
+
+def _record_key(record: dict) -> tuple:
+    return (record["suite"], record["task_id"], record["seed"], bool(record["hint"]))

@@ -1,0 +1,300 @@
+"""Readiness of a large config without its hardware: build, lower and compile it on fake devices.
+
+    python -m spade_jax.readiness --config=configs/30b.py --topology=v5p-64 --layers=2
+
+On a CPU host this re-executes itself with as many fake CPU devices as the slice has chips
+(`--xla_force_host_platform_device_count`), then, on the config's real (data, fsdp, tensor)
+mesh and with the real parameter shardings:
+
+1. initialises the model and the AdamW TrainState abstractly (`nnx.eval_shape`: nothing is
+   allocated, so the full 48-layer 30B state is checked too);
+2. lowers (`jax.jit(...).lower`) the train step and the sampler's `extend` and `decode`
+   programs, and compiles them for CPU at `--layers` decoder layers (real widths, real expert
+   count), which proves the shardings are consistent and the SPMD partitioner accepts them;
+3. prints the memory plan (`spade_jax.plan`) and XLA's per-device memory analysis of each
+   compiled program. CPU compilation is a check of the program, not of TPU performance: the
+   figures are the CPU backend's buffer assignment and only indicate the TPU one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+@dataclasses.dataclass
+class ProgramReport:
+    """One lowered (and maybe compiled) program and its per-device memory figures."""
+
+    name: str
+    lower_s: float
+    compile_s: float | None = None
+    memory: dict[str, int] | None = None
+
+    def line(self) -> str:
+        head = f"{self.name:<14} lowered in {self.lower_s:5.1f}s"
+        if self.compile_s is None:
+            return head + ", not compiled"
+        head += f", compiled OK in {self.compile_s:5.1f}s"
+        if not self.memory:
+            return head + " (no memory analysis on this backend)"
+        gib = lambda b: f"{b / (1 << 30):.2f} GiB"  # noqa: E731
+        m = self.memory
+        return (f"{head}\n{'':<14} per device: arguments {gib(m['argument'])}, outputs "
+                f"{gib(m['output'])}, temporaries {gib(m['temp'])}, aliased "
+                f"{gib(m['alias'])}; peak ~{gib(m['peak'])}")
+
+
+def memory_figures(compiled) -> dict[str, int] | None:
+    """Per-device bytes from `compiled.memory_analysis()`, or None where the backend has none."""
+    try:
+        analysis = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):
+        return None
+    if analysis is None:
+        return None
+    m = {
+        "argument": int(analysis.argument_size_in_bytes),
+        "output": int(analysis.output_size_in_bytes),
+        "temp": int(analysis.temp_size_in_bytes),
+        "alias": int(analysis.alias_size_in_bytes),
+        "code": int(analysis.generated_code_size_in_bytes),
+    }
+    # Donated (aliased) outputs reuse their argument buffers.
+    m["peak"] = m["argument"] + m["output"] - m["alias"] + m["temp"]
+    return m
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def abstract_train_state(model_cfg, optimizer, mesh, param_dtype):
+    """(graphdef, TrainState of ShapeDtypeStructs carrying the real shardings on `mesh`)."""
+    import flax.nnx as nnx
+    import jax
+    import jax.numpy as jnp
+
+    from spade_jax.models.transformer import Transformer
+    from spade_jax.rl.trainer import TrainState, state_shardings
+
+    model = nnx.eval_shape(
+        lambda: Transformer(model_cfg, rngs=nnx.Rngs(0), param_dtype=jnp.dtype(param_dtype)))
+    graphdef, params = nnx.split(model)
+    shardings = state_shardings(model_cfg, optimizer, mesh)
+    abstract = TrainState(params, jax.eval_shape(optimizer.init, params),
+                          jax.ShapeDtypeStruct((), jnp.int32))
+    state = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                         abstract, shardings)
+    return model, state
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of ShapeDtypeStructs with shardings (the largest shard)."""
+    import math
+
+    import jax
+
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def train_batch(rows: int, seq_len: int) -> dict:
+    """Abstract train batch in the format of `spade.batch.assemble_batch`."""
+    import jax
+    import jax.numpy as jnp
+
+    shape = (rows, seq_len)
+    dtypes = dict(tokens=jnp.int32, mask=jnp.bool_, loss_mask=jnp.bool_, old_logp=jnp.float32,
+                  advantages=jnp.float32)
+    return {k: jax.ShapeDtypeStruct(shape, d) for k, d in dtypes.items()}
+
+
+def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
+          micro_batches: int = 2, rollout_batch: int | None = None, context: int | None = None,
+          compile_programs: bool = True) -> tuple[list[ProgramReport], dict]:
+    """Lower (and compile) the train step and the sampler programs of `run_cfg`.
+
+    `layers` replaces the decoder depth (None: the config's). Returns the program reports and
+    a summary dict (mesh, parameter counts, shapes used).
+    """
+    import jax
+
+    from spade_jax import config as config_lib
+    from spade_jax.rl.trainer import TrainConfig, make_optimizer, make_train_step
+    from spade_jax.sampling.sampler import Sampler, bucket
+    from spade_jax.sharding import make_mesh
+
+    if jax.device_count() < n_devices:
+        raise RuntimeError(
+            f"{n_devices} devices needed but {jax.device_count()} are visible; on CPU set "
+            f"XLA_FLAGS={CPU_DEVICES_FLAG}={n_devices} before JAX starts")
+    mesh = make_mesh(config_lib.mesh_shape(run_cfg, n_devices), jax.devices()[:n_devices])
+    full_cfg = config_lib.model_config(run_cfg)
+    model_cfg = full_cfg.replace(n_layers=int(layers)) if layers else full_cfg
+    t = run_cfg.train
+    train_config = TrainConfig(
+        learning_rate=t.learning_rate, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
+        max_grad_norm=t.grad_clip, clip_low=t.clip_low, clip_high=t.clip_high,
+        tis_cap=t.tis_cap or None, kl_coef=t.kl_coef, remat=t.remat == "block",
+        micro_batches=micro_batches)
+    optimizer = make_optimizer(train_config)
+    # The full-depth state, abstractly: proves every parameter's spec fits the real mesh.
+    _, full_state = abstract_train_state(full_cfg, optimizer, mesh, run_cfg.model.param_dtype)
+    full = dict(layers=full_cfg.n_layers,
+                n_params=sum(x.size for x in jax.tree.leaves(full_state.params)),
+                params_bytes=per_device_bytes(full_state.params),
+                optimizer_bytes=per_device_bytes(full_state.opt_state),
+                moment_dtypes=sorted({str(x.dtype) for x in jax.tree.leaves(full_state.opt_state)
+                                      if x.ndim}))
+    del full_state
+    model, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = -(-int(t.micro_batch) // dp) * dp * micro_batches
+    seq_len = int(seq_len or t.seq_len)
+    rollout_batch = -(-(rollout_batch or config_lib.rollout_batch(run_cfg)) // dp) * dp
+    context = int(context or config_lib.context_len(run_cfg))
+    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+
+    step = make_train_step(model_cfg, optimizer, mesh, train_config)
+    sampler = Sampler(model, mesh=mesh, fuse_weights=False)
+    lowerers = {
+        "train_step": lambda: step.lower(state, train_batch(rows, seq_len)),
+        "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=512),
+        "sampler.decode": lambda: sampler.lower(
+            "decode", rollout_batch, context,
+            buffer_len=bucket(run_cfg.sampling.agent_max_new_tokens)),
+    }
+    reports = []
+    for name, lower in lowerers.items():
+        lowered, lower_s = _timed(lower)
+        report = ProgramReport(name, lower_s)
+        if compile_programs:
+            compiled, report.compile_s = _timed(lowered.compile)
+            report.memory = memory_figures(compiled)
+        reports.append(report)
+    summary = dict(mesh=dict(mesh.shape), layers=model_cfg.n_layers, n_params=n_params,
+                   train_batch=(rows, seq_len), micro_batches=micro_batches,
+                   rollout_batch=rollout_batch, context=context, full_state=full)
+    return reports, summary
+
+
+def lower_for_platform(run_cfg, n_devices: int, *, platform: str = "tpu", seq_len: int = 2048,
+                       micro_batches: int = 2) -> tuple[ProgramReport, str]:
+    """Lower the full-depth train step for `platform` on an AbstractMesh of `n_devices`.
+
+    Needs no devices at all (runs in any process): the real shardings of the full model on the
+    target slice, checked by JAX's lowering for that platform. Returns the report and the
+    StableHLO text.
+    """
+    from jax.sharding import AbstractMesh
+
+    from spade_jax import config as config_lib
+    from spade_jax.rl.trainer import TrainConfig, make_optimizer, make_train_step
+    from spade_jax.sharding import MESH_AXES
+
+    mesh = AbstractMesh(config_lib.mesh_shape(run_cfg, n_devices), MESH_AXES)
+    model_cfg = config_lib.model_config(run_cfg)
+    train_config = TrainConfig(remat=run_cfg.train.remat == "block", micro_batches=micro_batches)
+    optimizer = make_optimizer(train_config)
+    _, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = -(-int(run_cfg.train.micro_batch) // dp) * dp * micro_batches
+    step = make_train_step(model_cfg, optimizer, mesh, train_config)
+    lowered, seconds = _timed(lambda: step.lower(state, train_batch(rows, seq_len),
+                                                 lowering_platforms=(platform,)))
+    return ProgramReport(f"train_step[{platform}]", seconds), lowered.as_text()
+
+
+def _ensure_devices(n_devices: int) -> None:
+    """On CPU, re-run this command with `n_devices` fake devices when fewer are visible."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CPU_DEVICES_FLAG in flags or os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":
+        return
+    import jax
+
+    if jax.default_backend() != "cpu" or jax.device_count() >= n_devices:
+        return
+    env = dict(os.environ, XLA_FLAGS=f"{flags} {CPU_DEVICES_FLAG}={n_devices}".strip(),
+               JAX_PLATFORMS="cpu")
+    sys.stdout.flush()
+    sys.exit(subprocess.call([sys.executable, "-m", "spade_jax.readiness", *sys.argv[1:]],
+                             env=env))
+
+
+def main(argv) -> None:
+    """absl entry point: see the module docstring."""
+    del argv
+    from absl import flags
+    from ml_collections import config_flags
+
+    from spade_jax.plan import format_plan, memory_plan, plan_from_config, topology_devices
+
+    FLAGS = flags.FLAGS
+    n_devices, hbm_gib = topology_devices(FLAGS.topology)
+    _ensure_devices(n_devices)
+    import jax
+
+    run_cfg = FLAGS.config
+    name = config_flags.get_config_filename(FLAGS["config"])
+    print(f"readiness of {name} on {FLAGS.topology} ({n_devices} devices, "
+          f"{jax.default_backend()} backend)")
+    print("== memory plan (full depth, analytic) ==")
+    cfg, shape = plan_from_config(run_cfg, n_devices)
+    print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
+    if FLAGS.layers:
+        reduced = cfg.replace(n_layers=FLAGS.layers)
+        plan = memory_plan(reduced, shape)
+        print(f"plan at {FLAGS.layers} layers: parameters+optimizer "
+              f"{(plan.parameters + plan.optimizer) / (1 << 30):.2f} GiB per device")
+    report, _ = lower_for_platform(run_cfg, n_devices, seq_len=FLAGS.seq_len or 2048)
+    print(f"== full depth ({cfg.n_layers} layers) on an AbstractMesh of {n_devices} devices ==")
+    print(report.line().replace("not compiled", "for TPU (no TPU needed to lower)"))
+    reports, summary = check(run_cfg, n_devices, layers=FLAGS.layers, seq_len=FLAGS.seq_len,
+                             micro_batches=FLAGS.micro_batches,
+                             rollout_batch=FLAGS.rollout_batch, context=FLAGS.context,
+                             compile_programs=FLAGS.compile)
+    full = summary["full_state"]
+    gib = 1 << 30
+    print(f"== abstract TrainState at full depth ({full['layers']} layers, "
+          f"{full['n_params'] / 1e9:.2f}B parameters) on mesh {summary['mesh']} ==")
+    print(f"per device: parameters {full['params_bytes'] / gib:.2f} GiB, optimizer state "
+          f"{full['optimizer_bytes'] / gib:.2f} GiB (Adam moments in "
+          f"{', '.join(full['moment_dtypes'])})")
+    print(f"== programs at {summary['layers']} layers ({summary['n_params'] / 1e9:.2f}B "
+          f"parameters), mesh {summary['mesh']} ==")
+    print(f"train batch {summary['train_batch'][0]} x {summary['train_batch'][1]} tokens in "
+          f"{summary['micro_batches']} micro-batches; sampler {summary['rollout_batch']} rows x "
+          f"{summary['context']} slots")
+    for report in reports:
+        print(report.line())
+    print("readiness: OK")
+
+
+def _define_flags() -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "run config file, e.g. configs/30b.py")
+    flags.DEFINE_string("topology", "v5p-64", "TPU slice: v5e-N, v5p-N (N cores) or v6e-N")
+    flags.DEFINE_integer("layers", 2, "decoder layers to compile (0: the config's depth)")
+    flags.DEFINE_integer("seq_len", 2048, "train-step sequence length (0: train.seq_len)")
+    flags.DEFINE_integer("micro_batches", 2, "gradient-accumulation micro-batches")
+    flags.DEFINE_integer("rollout_batch", 0, "sampler rows (0: the config's rollout batch)")
+    flags.DEFINE_integer("context", 0, "sampler cache slots (0: sampling.max_context)")
+    flags.DEFINE_bool("compile", True, "compile the lowered programs (else lower only)")
+    flags.mark_flag_as_required("config")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)
