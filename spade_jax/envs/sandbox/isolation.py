@@ -101,13 +101,13 @@ def bwrap_prefix(config: SandboxConfig) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+    # The private /tmp comes before the read-only binds, so code installed under /tmp (a
+    # checkout in /tmp, say) stays visible instead of being hidden by the tmpfs.
+    args += ["--dev", "/dev", "--proc", "/proc",
+             "--size", str(config.tmpfs_bytes), "--tmpfs", "/tmp"]
     for path in _readonly_paths():
         args += ["--ro-bind", path, path]
-    args += [
-        "--dev", "/dev", "--proc", "/proc",
-        "--size", str(config.tmpfs_bytes), "--tmpfs", "/tmp",
-        "--chdir", "/tmp", "--clearenv",
-    ]
+    args += ["--chdir", "/tmp", "--clearenv"]
     for key, value in _WORKER_ENV.items():
         args += ["--setenv", key, value]
     return args + ["--die-with-parent", "--new-session", "--"]
