@@ -24,7 +24,7 @@ from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.driver import fresh_state
 from spade_jax.spade.rollout import Episode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 BUDGET_CYCLES = 40
 TARGET_RETURN = 0.9
