@@ -90,6 +90,7 @@ def main() -> None:
 
     starts = pool.start_many([(CODE, seed) for seed in range(args.envs)])
     handles = [s.handle for s in starts if s.ok]
+    time.sleep(2.0)  # steady state: let the warm refill finish booting (starts are timed above)
     rounds = max(1, args.steps // 50)
     started = time.perf_counter()
     for _ in range(rounds):

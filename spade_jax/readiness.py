@@ -129,7 +129,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
 
     from spade_jax import config as config_lib
     from spade_jax.rl.trainer import TrainConfig, make_optimizer, make_train_step
-    from spade_jax.sampling.sampler import Sampler, bucket
+    from spade_jax.sampling.sampler import Sampler
     from spade_jax.sharding import make_mesh
 
     if jax.device_count() < n_devices:
@@ -168,9 +168,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     lowerers = {
         "train_step": lambda: step.lower(state, train_batch(rows, seq_len)),
         "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=512),
-        "sampler.decode": lambda: sampler.lower(
-            "decode", rollout_batch, context,
-            buffer_len=bucket(run_cfg.sampling.agent_max_new_tokens)),
+        "sampler.decode": lambda: sampler.lower("decode", rollout_batch, context),
     }
     reports = []
     for name, lower in lowerers.items():

@@ -245,15 +245,12 @@ class Sampler:
                                     donate_argnums=(2, 3))
         return self._jitted[key]
 
-    def lower(self, name: str, batch: int, window: int, *, width: int = _MIN_BUCKET,
-              buffer_len: int | None = None):
+    def lower(self, name: str, batch: int, window: int, *, width: int = _MIN_BUCKET):
         """`jax.jit(...).lower` of the 'extend' (`width` tokens per row) or 'decode' program
         over a cache window of `window` slots (the largest a session reaches is its capacity).
 
         Works with abstract weights; `.compile()` the result to check it builds on this mesh.
-        `buffer_len` is accepted for older callers: decode buffers now span the window.
         """
-        del buffer_len
         if name not in ("extend", "decode"):
             raise ValueError(f"program {name!r}: use 'extend' or 'decode'")
         window = bucket(window)

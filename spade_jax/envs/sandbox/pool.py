@@ -118,6 +118,7 @@ class EnvPool:
         self._warm: collections.deque[WorkerProcess] = collections.deque()
         self._episodes: dict[int, _Episode] = {}
         self._next_handle = 0
+        self._selector = selectors.DefaultSelector()  # one epoll for the pool's lifetime
         self._refill()
 
     # ----------------------------------------------------------------------------- public API
@@ -175,6 +176,7 @@ class EnvPool:
             self.close(handle)
         while self._warm:
             self._warm.popleft().kill()
+        self._selector.close()
 
     def __enter__(self) -> "EnvPool":
         return self
@@ -274,7 +276,7 @@ class EnvPool:
         """Drive the jobs to completion, at most max_concurrent_calls at a time."""
         pending = collections.deque(jobs)
         active: dict[int, _Job] = {}
-        selector = selectors.DefaultSelector()
+        selector = self._selector
         try:
             while pending or active:
                 while pending and len(active) < self.max_concurrent_calls:
@@ -305,9 +307,9 @@ class EnvPool:
                         del active[fd]
                         yield job
         finally:
-            for job in active.values():  # abandoned by the consumer: the protocol is out of step
+            for fd, job in active.items():  # abandoned by the consumer: the protocol is out of step
+                selector.unregister(fd)
                 self._fail(job, CRASHED, "call abandoned before its reply")
-            selector.close()
             self._refill()
 
     def _call_result(self, job: _Job) -> CallResult:
