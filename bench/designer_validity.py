@@ -14,19 +14,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_config(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def main() -> None:
@@ -54,7 +46,7 @@ def main() -> None:
     from spade_jax.spade.loop import active_skills
     from spade_jax.spade.rollout import ChatFormat
 
-    cfg = load_config(args.config)
+    cfg = config_lib.load_config_file(args.config)
     s, smp = cfg.spade, cfg.sampling
     max_new_tokens = args.max_new_tokens or smp.designer_max_new_tokens
     started = time.perf_counter()

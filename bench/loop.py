@@ -11,7 +11,6 @@ rewards, memory, files, checkpoints). Target: ≤ 10 % of the cycle.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import tempfile
 
@@ -22,10 +21,9 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    spec = importlib.util.spec_from_file_location("bench_config", args.config)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
+    from spade_jax.config import load_config_file
+
+    cfg = load_config_file(args.config)
     cfg.total_cycles = args.cycles
 
     from spade_jax.spade.driver import run_training

@@ -81,8 +81,7 @@ def main(argv):
     except (ValueError, ImportError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
 
-    from spade_jax.checkpoint import CheckpointError
-    from spade_jax.errors import SpadeError
+    from spade_jax.errors import CheckpointError, SpadeError
     from spade_jax.spade.runtime import Runtime
 
     try:

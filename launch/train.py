@@ -4,12 +4,14 @@
     python launch/train.py --config=configs/30b.py --workdir=gs://bucket/run1   # every TPU host
 
 Any config key can be overridden: --config.total_cycles=10 --config.spade.plays_per_env=4.
-A run resumes from the newest checkpoint in --workdir unless --noresume is given.
+A run resumes from the newest checkpoint in --workdir unless --noresume is given;
+--time_budget_minutes=60 stops starting new cycles after an hour (the last one is saved).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -20,12 +22,16 @@ _RESUME = flags.DEFINE_bool("resume", True, "Continue from the newest checkpoint
 _UNSAFE = flags.DEFINE_bool(
     "allow_unsafe_sandbox", False,
     "Run designer code even if only rlimits (no bubblewrap/seccomp) are available.")
+_BUDGET = flags.DEFINE_float(
+    "time_budget_minutes", 0.0,
+    "Start no new cycle after this many minutes (0: run all total_cycles); the last is saved.")
 flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
     del argv
     from spade_jax import distributed
+    from spade_jax.errors import SpadeError
     from spade_jax.spade.driver import run_training
 
     for noisy in ("absl", "orbax", "jax._src"):
@@ -34,7 +40,11 @@ def main(argv):
     cfg = _CONFIG.value
     if _UNSAFE.value:
         cfg.sandbox.allow_unsafe = True
-    run_training(cfg, _WORKDIR.value, resume=_RESUME.value)
+    budget = _BUDGET.value * 60 if _BUDGET.value > 0 else None
+    try:
+        run_training(cfg, _WORKDIR.value, resume=_RESUME.value, time_budget_s=budget)
+    except SpadeError as err:  # bad config, unreadable/unwritable checkpoint: no traceback
+        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":

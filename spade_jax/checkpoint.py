@@ -16,11 +16,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from spade_jax.errors import CheckpointError
+
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; the message says which and why."""
 
 
 class Checkpointer:
@@ -47,7 +45,7 @@ class Checkpointer:
                 force=True,
             )
             self._manager.wait_until_finished()
-        except OSError as err:
+        except (OSError, ValueError) as err:  # a full disk: ValueError("RESOURCE_EXHAUSTED ...")
             raise CheckpointError(
                 f"could not write checkpoint {step} under {self.directory}: {err}. "
                 f"The previous checkpoint ({self._previous(step)}) is intact."

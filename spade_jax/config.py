@@ -8,9 +8,13 @@ Configs are `ml_collections.ConfigDict`s returned by `get_config()` and read by 
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import ml_collections
 import numpy as np
 
+from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
 
 SKILLS = (
@@ -116,6 +120,26 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_config_file(path_or_name: str | Path) -> ml_collections.ConfigDict:
+    """`get_config()` of a config file: a path, or a name of this checkout's configs/ ('tiny').
+
+    What `--config=configs/X.py` does for launch/train.py, for scripts, benches and tests.
+    """
+    path = Path(path_or_name)
+    if not path.suffix:
+        path = CONFIGS_DIR / f"{path_or_name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found (use a path or a name in "
+                                f"{CONFIGS_DIR})")
+    spec = importlib.util.spec_from_file_location(f"spade_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
 def model_config(cfg: ml_collections.ConfigDict) -> ModelConfig:
     """The ModelConfig described by `cfg.model.arch`."""
     return ModelConfig(**cfg.model.arch.to_dict())
@@ -188,4 +212,4 @@ def validate(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> No
         except ValueError as err:
             problems.append(str(err))
     if problems:
-        raise ValueError("invalid config:\n  - " + "\n  - ".join(problems))
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))

@@ -12,7 +12,9 @@ class ConfigError(SpadeError, ValueError):
 
 
 class CheckpointError(SpadeError, ValueError):
-    """A checkpoint we cannot read: unsupported architecture, wrong shapes, unknown quantisation."""
+    """A checkpoint we cannot read or write: unsupported architecture, wrong shapes, unknown
+    quantisation, a run's checkpoint that does not match its config, a failed (e.g. disk full)
+    save."""
 
 
 class MissingFileError(SpadeError, FileNotFoundError):

@@ -112,35 +112,43 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
     """A jitted `step(state, batch) -> (state, metrics)` with explicit shardings; donates state.
 
     metrics: loss (token-mean), tokens, clip_fraction, ratio, approx_kl (token means),
-    grad_norm (before clipping).
+    grad_norm (before clipping). `step.grouped(state, [(batch, micro_batches), ...])` is one
+    optimizer step over several batches of different lengths (RL batches mix 4k-token Designer
+    samples with short Agent episodes: each group is padded to its own length, not the
+    longest), with the same exact (sum, count) accumulation.
     """
     graphdef, _ = _abstract_split(model_cfg)
     shardings = state_shardings(model_cfg, optimizer, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
     micro_sharding = NamedSharding(mesh, PartitionSpec(None, _BATCH_AXES))
+    loss_fn = lambda p, mb: _micro_loss(graphdef, config, p, mb)  # noqa: E731
 
-    def step(state: TrainState, batch: dict):
-        m = config.micro_batches
+    def gradient_sums(params, batch: dict, m: int):
+        """(grad sums, loss sum, token count, metric sums) over `m` micro-batches of `batch`."""
         micro = jax.tree.map(
             lambda a: jax.lax.with_sharding_constraint(
                 a.reshape(m, a.shape[0] // m, *a.shape[1:]),
                 NamedSharding(mesh, PartitionSpec(None, _BATCH_AXES, *[None] * (a.ndim - 1)))
                 if a.ndim > 1 else micro_sharding),
             batch)
-        loss_fn = lambda p, mb: _micro_loss(graphdef, config, p, mb)  # noqa: E731
 
         def accumulate(carry, mb):
             grads, loss_sum, count, metrics = carry
-            (value, (n, mets)), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, mb)
+            (value, (n, mets)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
             grads = jax.tree.map(jnp.add, grads, g)
             metrics = jax.tree.map(jnp.add, metrics, mets)
             return (grads, loss_sum + value, count + n, metrics), None
 
-        zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-        _, (_, zero_metrics) = jax.eval_shape(loss_fn, state.params,
-                                               jax.tree.map(lambda a: a[0], micro))
+        zero_grads = jax.tree.map(jnp.zeros_like, params)
+        _, (_, zero_metrics) = jax.eval_shape(loss_fn, params, jax.tree.map(lambda a: a[0], micro))
         zero_metrics = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero_metrics)
         init = (zero_grads, jnp.float32(0), jnp.float32(0), zero_metrics)
-        (grads, loss_sum, count, metrics), _ = jax.lax.scan(accumulate, init, micro)
+        sums, _ = jax.lax.scan(accumulate, init, micro)
+        return sums
+
+    def apply(state: TrainState, sums):
+        """Divide the sums once and take the optimizer step."""
+        grads, loss_sum, count, metrics = sums
         denom = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -153,25 +161,52 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
         mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
     jitted = {}
 
-    def jitted_for(batch: dict):
-        key = tuple(sorted((k, v.shape, str(v.dtype)) for k, v in batch.items()))
+    def jitted_for(kind: str, batch: dict, m: int):
+        key = (kind, m, tuple(sorted((k, v.shape, str(v.dtype)) for k, v in batch.items())))
         if key not in jitted:
-            jitted[key] = jax.jit(
-                step, in_shardings=(shardings, {k: batch_sh(v) for k, v in batch.items()}),
-                out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
-                donate_argnums=(0,))
+            in_batch = {k: batch_sh(v) for k, v in batch.items()}
+            if kind == "step":
+                jitted[key] = jax.jit(
+                    lambda state, b: apply(state, gradient_sums(state.params, b, m)),
+                    in_shardings=(shardings, in_batch), out_shardings=(shardings, replicated),
+                    donate_argnums=(0,))
+            else:
+                jitted[key] = jax.jit(
+                    lambda params, b: gradient_sums(params, b, m),
+                    in_shardings=(shardings.params, in_batch),
+                    out_shardings=(shardings.params, replicated, replicated, replicated))
         return jitted[key]
+
+    add_sums = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
+    apply_sums = jax.jit(apply, donate_argnums=(0, 1),
+                         out_shardings=(shardings, replicated))
 
     def run(state: TrainState, batch: dict):
         batch = {k: jnp.asarray(v) for k, v in batch.items()}
-        return jitted_for(batch)(state, batch)
+        return jitted_for("step", batch, config.micro_batches)(state, batch)
+
+    def grouped(state: TrainState, groups: list[tuple[dict, int]]):
+        """One optimizer step over (batch, micro_batches) groups of different shapes."""
+        if not groups:
+            raise ValueError("grouped train step needs at least one batch")
+        groups = [({k: jnp.asarray(v) for k, v in b.items()}, m) for b, m in groups]
+        if len(groups) == 1:
+            batch, m = groups[0]
+            return jitted_for("step", batch, m)(state, batch)
+        sums = None
+        for batch, m in groups:
+            part = jitted_for("grads", batch, m)(state.params, batch)
+            sums = part if sums is None else add_sums(sums, part)
+        return apply_sums(state, sums)
 
     def lower(state: TrainState, batch: dict, **lower_kwargs):
         """`jax.jit(...).lower` of the step for abstract (ShapeDtypeStruct) state and batch.
 
         `lower_kwargs` go to `Traced.lower`, e.g. lowering_platforms=('tpu',) on an AbstractMesh.
         """
-        return jitted_for(batch).trace(state, batch).lower(**lower_kwargs)
+        return jitted_for("step", batch, config.micro_batches).trace(state, batch).lower(
+            **lower_kwargs)
 
     run.lower = lower
+    run.grouped = grouped
     return run

@@ -55,6 +55,30 @@ def bucket_length(n: int, minimum: int = 64) -> int:
     return length
 
 
+def length_groups(
+    samples: list[TrainSample], rows_per_micro: int, max_len: int | None = None
+) -> list[list[TrainSample]]:
+    """Split samples into groups padded to their own bucketed length, in micro-batch units.
+
+    Longest first, `rows_per_micro` samples per micro-batch; consecutive micro-batches whose
+    (capped) bucket length is equal form one group. One 4k-token Designer sample then costs
+    one 4k micro-batch instead of padding every short Agent episode to 4k.
+    """
+    ordered = sorted(samples, key=lambda s: len(s.tokens), reverse=True)
+    groups: list[list[TrainSample]] = []
+    last_length = None
+    for first in range(0, len(ordered), rows_per_micro):
+        chunk = ordered[first:first + rows_per_micro]
+        length = bucket_length(len(chunk[0].tokens))
+        length = min(length, max_len) if max_len is not None else length
+        if length == last_length:
+            groups[-1].extend(chunk)
+        else:
+            groups.append(list(chunk))
+        last_length = length
+    return groups
+
+
 def assemble_batch(
     samples: list[TrainSample], *, pad_id: int, rows_multiple: int = 1, max_len: int | None = None
 ) -> dict[str, np.ndarray]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import jax
 from tqdm import tqdm
@@ -46,11 +47,15 @@ def write_config(cfg, workdir: str) -> str:
     return path
 
 
-def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> list[dict]:
+def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
+                 time_budget_s: float | None = None) -> list[dict]:
     """Train for `cfg.total_cycles` cycles in `workdir`; returns the per-cycle metrics.
 
-    A `runtime` may be passed in (tests share one across runs); it is then left open.
+    A `runtime` may be passed in (tests share one across runs); it is then left open. With
+    `time_budget_s`, no new cycle starts once that many seconds have passed (the cycle in
+    progress finishes and is checkpointed): "train for an hour" on a laptop.
     """
+    started = time.monotonic()
     from spade_jax.spade.runtime import Runtime
 
     config_lib.validate(cfg, jax.device_count())
@@ -77,6 +82,10 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> lis
     bar = tqdm(total=cfg.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)
     try:
         while state.cycle < cfg.total_cycles:
+            if time_budget_s is not None and time.monotonic() - started >= time_budget_s:
+                logging.info("time budget of %.0f s spent after cycle %d", time_budget_s,
+                             state.cycle)
+                break
             cycle = state.cycle
             rt.timer = PhaseTimer()
             metrics = run_cycle(rt, cfg, state, corpus, artifacts)
@@ -91,7 +100,10 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None) -> lis
             bar.set_postfix({k.split("/")[-1]: round(float(metrics[k]), 3) for k in
                              ("designer/valid_rate", "regret/mean", "return/nohint")
                              if k in metrics})
-            if state.cycle % cfg.checkpoint_every == 0 or state.cycle == cfg.total_cycles:
+            out_of_time = (time_budget_s is not None
+                           and time.monotonic() - started >= time_budget_s)
+            if (state.cycle % cfg.checkpoint_every == 0 or state.cycle == cfg.total_cycles
+                    or out_of_time):
                 checkpointer.save(state.cycle, rt.device_state(),
                                   {"state": state.to_json(), "history": history})
     finally:

@@ -27,7 +27,7 @@ from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, 
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
 from spade_jax.spade import prompts
-from spade_jax.spade.batch import TrainSample, assemble_batch
+from spade_jax.spade.batch import TrainSample, assemble_batch, length_groups
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
 from spade_jax.spade.rollout import ChatFormat, EpisodeSpec, play_episodes
@@ -83,7 +83,7 @@ class Runtime:
             tis_cap=t.tis_cap or None, kl_coef=t.kl_coef, remat=t.remat == "block")
         self.optimizer = make_optimizer(self.train_config)
         self.train_state = init_train_state(model, self.optimizer, mesh)
-        self._steps: dict[int, object] = {}
+        self.train_step = make_train_step(model.cfg, self.optimizer, mesh, self.train_config)
         self.sampler = Sampler(model, mesh=mesh)
         sandbox = SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
                                 call_timeout_s=cfg.spade.step_timeout_s)
@@ -158,27 +158,25 @@ class Runtime:
                 for name, skill, code in items]
 
     # ------------------------------------------------------------------ training
-    def _train_step(self, micro_batches: int):
-        if micro_batches not in self._steps:
-            config = dataclasses.replace(self.train_config, micro_batches=micro_batches)
-            self._steps[micro_batches] = make_train_step(self.model.cfg, self.optimizer,
-                                                         self.mesh, config)
-        return self._steps[micro_batches]
-
     def train(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One optimizer step on `samples` (gradient accumulation over micro-batches)."""
+        """One optimizer step on `samples`: length groups, gradient accumulation, exact means."""
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         rows_per_micro = -(-self.cfg.train.micro_batch // dp) * dp
-        micro_batches = -(-len(samples) // rows_per_micro)
-        batch = assemble_batch(samples, pad_id=0, rows_multiple=rows_per_micro,
-                               max_len=self.cfg.train.seq_len)
-        batch = {k: v for k, v in batch.items() if k != "is_designer"}
-        truncated = sum(len(s.tokens) > self.cfg.train.seq_len for s in samples)
+        max_len = self.cfg.train.seq_len
+        groups = []
+        for group in length_groups(samples, rows_per_micro, max_len):
+            batch = assemble_batch(group, pad_id=0, rows_multiple=rows_per_micro,
+                                   max_len=max_len)
+            rows = batch["tokens"].shape[0]
+            groups.append(({k: v for k, v in batch.items() if k != "is_designer"},
+                           rows // rows_per_micro))
+        truncated = sum(len(s.tokens) > max_len for s in samples)
         if truncated:
-            log.warning("%d samples longer than train.seq_len=%d were cut", truncated,
-                        self.cfg.train.seq_len)
+            log.warning("%d samples longer than train.seq_len=%d were cut", truncated, max_len)
+        log.info("train step: %d samples in %s (rows x tokens)", len(samples),
+                 ", ".join(f"{b['tokens'].shape[0]}x{b['tokens'].shape[1]}" for b, _ in groups))
         with self.timer.phase("training"):
-            self.train_state, metrics = self._train_step(micro_batches)(self.train_state, batch)
+            self.train_state, metrics = self.train_step.grouped(self.train_state, groups)
             metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
         metrics["train/truncated_samples"] = float(truncated)
         self._sync_weights()

@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
+from spade_jax.config import load_config_file  # noqa: E402
 from spade_jax.errors import MissingFileError  # noqa: E402
 from spade_jax.eval import report, runner  # noqa: E402
 from spade_jax.eval.tasks import EvalTask  # noqa: E402
-from tests.loop.conftest import load_config  # noqa: E402
 
 MAX_NEW_TOKENS = 16
 
@@ -18,7 +18,7 @@ MAX_NEW_TOKENS = 16
 def runtime():
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(load_config("tiny"))
+    rt = Runtime.create(load_config_file("tiny"))
     yield rt
     rt.close()
 
@@ -102,7 +102,7 @@ def test_in_loop_eval_logs_metrics_and_a_checkpoint_restores(runtime, tmp_path, 
         return {}
 
     monkeypatch.setattr(driver, "run_cycle", empty_cycle)
-    cfg = load_config("tiny")
+    cfg = load_config_file("tiny")
     cfg.total_cycles = 1
     cfg.eval.every = 1
     cfg.eval.limit = 1

@@ -1,24 +1,18 @@
 """Shared fixtures: the tiny config and one Runtime for the in-process loop tests."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
+from spade_jax.config import load_config_file
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def load_config(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 @pytest.fixture(scope="session")
 def tiny_runtime():
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(load_config("tiny"))
+    rt = Runtime.create(load_config_file("tiny"))
     yield rt
     rt.close()

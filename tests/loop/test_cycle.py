@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 
+from spade_jax.config import load_config_file
 from spade_jax.spade.driver import run_training
 from spade_jax.spade.runtime import Completion
-from tests.loop.conftest import load_config
 
 
 def test_tiny_config_runs_a_full_cycle(tmp_path, tiny_runtime):
-    cfg = load_config("tiny")
+    cfg = load_config_file("tiny")
     cfg.total_cycles = 1
     history = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
     row = history[0]
@@ -57,7 +57,7 @@ def scripted_designer(tiny_runtime, monkeypatch):
 
 def test_valid_designs_are_played_rewarded_trained_and_remembered(
         tmp_path, tiny_runtime, scripted_designer):
-    cfg = load_config("tiny")
+    cfg = load_config_file("tiny")
     cfg.total_cycles = 1
     cfg.spade.replay_per_cycle = 0
     history = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
@@ -80,3 +80,20 @@ def test_valid_designs_are_played_rewarded_trained_and_remembered(
     new = [r for r in records if r["id"].startswith("c00000_")]
     assert len(new) == cfg.spade.games_per_cycle
     assert all(r["win_rate"] is not None for r in new)
+
+
+def test_time_budget_finishes_and_saves_the_cycle_in_progress(tmp_path, tiny_runtime):
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 3
+    cfg.checkpoint_every = 10  # only the budget stop can explain a checkpoint at cycle 1
+    history = run_training(cfg, str(tmp_path), runtime=tiny_runtime, time_budget_s=0.5)
+    assert [row["cycle"] for row in history] == [0]  # a tiny cycle takes longer than 0.5 s
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+
+
+def test_config_files_load_by_name_or_path_and_name_a_missing_one(tmp_path):
+    from spade_jax.config import CONFIGS_DIR
+
+    assert load_config_file("tiny") == load_config_file(CONFIGS_DIR / "tiny.py")
+    with pytest.raises(FileNotFoundError, match="nope.py"):
+        load_config_file("nope")

@@ -64,3 +64,26 @@ def test_remat_matches_no_remat():
     plain, _ = run((1, 1, 1), TrainConfig(), sgd)
     remat, _ = run((1, 1, 1), TrainConfig(remat=True, logprob_chunk=5), sgd)
     assert_close(plain, remat, atol=1e-6)
+
+
+def test_grouped_step_over_different_lengths_equals_one_padded_batch():
+    """Rows padded to their own group length give the update of all rows padded to the longest."""
+    sgd = optax.sgd(1.0)
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    full = batch(b=6, t=12)
+    short = {k: v[2:, :7] if v.ndim == 2 else v[2:] for k, v in full.items()}
+    padded = {k: v.copy() for k, v in full.items()}  # rows 2.. hold 7 real tokens, then padding
+    padded["mask"] = np.ones((6, 12), bool)
+    padded["mask"][2:, 7:] = False
+    padded["loss_mask"][2:, 7:] = 0.0
+    short["mask"] = np.ones((4, 7), bool)
+    results = []
+    for groups in ([(padded, 1)], [({**{k: v[:2] for k, v in padded.items()}}, 1), (short, 2)]):
+        state = init_train_state(Transformer(CFG, rngs=nnx.Rngs(0)), sgd, mesh)
+        step = make_train_step(CFG, sgd, mesh, TrainConfig())
+        state, metrics = step.grouped(state, groups)
+        results.append((jax.tree.leaves(jax.device_get(state.params)), jax.device_get(metrics)))
+    (one, m1), (two, m2) = results
+    assert_close(one, two, atol=1e-6)
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
+    assert m1["tokens"] == m2["tokens"]

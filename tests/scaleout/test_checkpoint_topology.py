@@ -6,6 +6,7 @@ import pytest
 
 from spade_jax import config as config_lib
 from spade_jax.checkpoint import Checkpointer
+from spade_jax.config import load_config_file
 from spade_jax.models.config import ModelConfig
 from spade_jax.readiness import abstract_train_state
 from spade_jax.rl.trainer import (
@@ -15,7 +16,6 @@ from spade_jax.rl.trainer import (
     make_train_step,
 )
 from spade_jax.sharding import make_mesh
-from tests.scaleout.conftest import load_config
 
 SAVED_ON = (1, 8, 1)
 TARGETS = [(2, 2, 2), (1, 2, 4)]
@@ -81,7 +81,7 @@ def test_train_state_restores_on_another_mesh(saved, target_shape):
 @pytest.mark.heavy
 @pytest.mark.parametrize("target_shape", TARGETS)
 def test_training_run_checkpoint_restores_on_another_mesh(tiny_workdir, target_shape):
-    cfg = load_config("tiny")
+    cfg = load_config_file("tiny")
     model_cfg = config_lib.model_config(cfg)
     optimizer = make_optimizer(TrainConfig())
     ck = Checkpointer(str(tiny_workdir))

@@ -10,11 +10,12 @@ import pytest
 
 from spade_jax import config as config_lib
 from spade_jax.checkpoint import Checkpointer
+from spade_jax.config import load_config_file
 from spade_jax.policy import Policy
 from spade_jax.readiness import abstract_train_state
 from spade_jax.rl.trainer import TrainConfig, make_optimizer
 from spade_jax.sharding import make_mesh
-from tests.scaleout.conftest import ROOT, load_config
+from tests.scaleout.conftest import ROOT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -24,7 +25,7 @@ def trained_logits(workdir, tokens):
     """Our logits of `tokens` under the checkpoint's parameters (restored on one device)."""
     import flax.nnx as nnx
 
-    model_cfg = config_lib.model_config(load_config("tiny"))
+    model_cfg = config_lib.model_config(load_config_file("tiny"))
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     model, target = abstract_train_state(model_cfg, make_optimizer(TrainConfig()), mesh,
                                          "float32")

@@ -1,7 +1,13 @@
 import numpy as np
 import pytest
 
-from spade_jax.spade.batch import TrainSample, assemble_batch, bucket_length, order_for_training
+from spade_jax.spade.batch import (
+    TrainSample,
+    assemble_batch,
+    bucket_length,
+    length_groups,
+    order_for_training,
+)
 
 
 def sample(role, n, gen, adv=1.0, weight=1.0):
@@ -35,6 +41,14 @@ def test_bucket_length_and_truncation():
     assert [bucket_length(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 512]
     batch = assemble_batch([sample("agent", 300, 10)], pad_id=0, max_len=128)
     assert batch["tokens"].shape == (1, 128)
+
+
+def test_length_groups_pad_each_micro_batch_group_to_its_own_bucket():
+    samples = [sample("agent", n, 1) for n in (30, 70, 3000, 100, 65, 90)]
+    groups = length_groups(samples, rows_per_micro=2)  # buckets 4096 | 128, 128 (merged)
+    assert [[len(s.tokens) for s in g] for g in groups] == [[3000, 100], [90, 70, 65, 30]]
+    capped = length_groups(samples, rows_per_micro=2, max_len=128)  # every bucket cut to 128
+    assert [len(g) for g in capped] == [6]
 
 
 def test_mismatched_lengths_rejected():
