@@ -178,8 +178,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
         return jitted[key]
 
     add_sums = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
-    apply_sums = jax.jit(apply, donate_argnums=(0, 1),
-                         out_shardings=(shardings, replicated))
+    apply_sums = jax.jit(apply, donate_argnums=(0,), out_shardings=(shardings, replicated))
 
     def run(state: TrainState, batch: dict):
         batch = {k: jnp.asarray(v) for k, v in batch.items()}
