@@ -28,10 +28,10 @@ import numpy as np
 
 from spade_jax import distributed
 from spade_jax.checkpoint import Checkpointer
+from spade_jax.config import load_config_file
 from spade_jax.spade.batch import TrainSample
 from spade_jax.spade.driver import run_training
 from spade_jax.spade.runtime import Runtime
-from tests.scaleout.conftest import load_config
 
 
 def dump(state, path: str) -> None:
@@ -82,7 +82,7 @@ def check_helpers() -> None:
 
 
 def train(out_dir: str, restore_from: str | None = None) -> None:
-    cfg = load_config("tiny")
+    cfg = load_config_file("tiny")
     rt = Runtime.create(cfg)
     try:
         if restore_from:
