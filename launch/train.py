@@ -3,6 +3,12 @@
     python launch/train.py --config=configs/smollm2_135m.py --workdir=runs/smollm2
     python launch/train.py --config=configs/30b.py --workdir=gs://bucket/run1   # every TPU host
 
+Several processes on one machine (CPU collectives over localhost; run both, ids 0 and 1):
+
+    SPADE_COORDINATOR=localhost:12355 SPADE_NUM_PROCESSES=2 SPADE_PROCESS_ID=0 \
+    SPADE_CPU_COLLECTIVES=gloo XLA_FLAGS=--xla_force_host_platform_device_count=4 \
+    python launch/train.py --config=configs/tiny.py --workdir=runs/two_process
+
 Any config key can be overridden: --config.total_cycles=10 --config.spade.plays_per_env=4.
 A run resumes from the newest checkpoint in --workdir unless --noresume is given;
 --time_budget_minutes=60 stops starting new cycles after an hour (the last one is saved).

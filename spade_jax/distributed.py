@@ -1,17 +1,33 @@
-"""Multi-host start-up: join `jax.distributed`, build the global mesh, process-0 helpers.
+"""Multi-host start-up: join `jax.distributed`, move arrays between host and global device
+arrays, process-0 helpers.
 
 JAX's multi-controller model: every host runs the same `launch/train.py`; `jax.distributed`
-joins them and `jax.devices()` then lists every chip of the slice. Each host samples and runs the
-environments of its own shard of the batch; only process 0 writes host files (memory, env files,
-metrics); every process takes part in checkpointing.
+joins them and `jax.devices()` then lists every chip of the slice. The device programs (sampler,
+train step) are SPMD over the global mesh. The host program is replicated: every process runs
+the whole host loop, including *every* environment of the batch, on the same host data (same
+seeds, same gathered tokens), so all processes make the same decisions and feed the same batches
+to the device. That is correct but redundant: hosts do not yet run only the environments of
+their own batch rows. Only process 0 writes host files (memory, env files, metrics); every
+process takes part in checkpointing.
+
+Crossing the host/device boundary with global arrays:
+  - host -> device: `jax.device_put(numpy_value, sharding)`; with identical host data on every
+    process it builds the global array from each process's addressable shards. (Plain numpy
+    arguments to a jit with a sharded `in_shardings` are refused in a multi-process run;
+    replicated ones, e.g. scalars, are fine.)
+  - device -> host: `to_host(array)`; plain `np.asarray` fails on an array that spans devices of
+    other processes unless it is fully replicated.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 _initialized = False
 
@@ -56,3 +72,35 @@ def _is_multi_host_tpu() -> bool:
 def is_main_process() -> bool:
     """True on the process that writes host files (process 0)."""
     return jax.process_index() == 0
+
+
+def to_host(x) -> np.ndarray:
+    """The global value of a device array as a numpy array, on every process.
+
+    One process, or an array this process holds all of (fully addressable or fully replicated):
+    `np.asarray`. Otherwise an all-gather across processes (a collective: every process must
+    call it, in the same order, which the replicated host program guarantees).
+    """
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def assert_same_on_all_processes(arrays: dict[str, np.ndarray], what: str) -> None:
+    """Fail loudly if the processes' host programs diverged (no-op on one process).
+
+    The replicated host program relies on every process computing the same host data; host
+    decisions that depend on wall-clock time (sandbox call timeouts, the validation liveness
+    budget) could in principle differ between processes and would otherwise go unnoticed.
+    Compares a SHA-256 of `arrays` (names, dtypes, shapes, bytes), so the check is one tiny
+    all-gather whatever their size.
+    """
+    if jax.process_count() == 1:
+        return
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{value.dtype}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    fingerprint = np.frombuffer(digest.digest(), np.uint32)
+    multihost_utils.assert_equal(fingerprint, f"{what} differs between processes")

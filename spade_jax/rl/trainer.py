@@ -180,15 +180,20 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
     add_sums = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
     apply_sums = jax.jit(apply, donate_argnums=(0,), out_shardings=(shardings, replicated))
 
+    def to_device(batch: dict) -> dict:
+        """Host batch -> arrays split over the data axes. `device_put`, not `jnp.asarray`: it
+        also builds global arrays from identical host data in a multi-process run."""
+        return {k: jax.device_put(v, batch_sh(v)) for k, v in batch.items()}
+
     def run(state: TrainState, batch: dict):
-        batch = {k: jnp.asarray(v) for k, v in batch.items()}
+        batch = to_device(batch)
         return jitted_for("step", batch, config.micro_batches)(state, batch)
 
     def grouped(state: TrainState, groups: list[tuple[dict, int]]):
         """One optimizer step over (batch, micro_batches) groups of different shapes."""
         if not groups:
             raise ValueError("grouped train step needs at least one batch")
-        groups = [({k: jnp.asarray(v) for k, v in b.items()}, m) for b, m in groups]
+        groups = [(to_device(b), m) for b, m in groups]
         if len(groups) == 1:
             batch, m = groups[0]
             return jitted_for("step", batch, m)(state, batch)

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spade_jax.distributed import to_host
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
 from spade_jax.sharding import fit_spec, make_mesh, param_shardings
@@ -196,6 +197,15 @@ class Sampler:
         spec = PartitionSpec(("data", "fsdp"), *([None] * (len(shape) - 1)))
         return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
 
+    def put_batch(self, value: np.ndarray) -> jax.Array:
+        """Host batch data [batch, ...] as a device array split over the data axes.
+
+        Explicit `device_put` rather than numpy arguments to the jitted programs: a
+        multi-process run refuses numpy inputs with a sharded `in_shardings`, while
+        `device_put` builds the global array from the (identical) host data on every process.
+        """
+        return jax.device_put(value, self.batch_sharding(value.shape))
+
     def _cache_sharding(self, shape):
         spec = PartitionSpec(("data", "fsdp"), "tensor", None, None)
         return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
@@ -212,8 +222,7 @@ class Sampler:
         make = jax.jit(lambda: [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                                 for _ in range(cfg.n_layers)],
                        out_shardings=self._cache_shardings(batch, window))
-        kv_mask = jax.device_put(np.zeros((batch, window), bool),
-                                 self.batch_sharding((batch, window)))
+        kv_mask = self.put_batch(np.zeros((batch, window), bool))
         return make(), kv_mask
 
     def _program(self, name: str, batch: int, window: int, **static):
@@ -362,7 +371,7 @@ class Session:
         program = self.sampler._program("extend", self.batch, self.window)
         self.cache, self.kv_mask = program(
             self.sampler.state, self.sampler.layer_params, self.cache, self.kv_mask,
-            tokens, mask, positions, np.int32(self.write_index))
+            *map(self.sampler.put_batch, (tokens, mask, positions)), np.int32(self.write_index))
         self.write_index += longest
 
     def append(self, observations: Sequence[Sequence[int] | None]) -> None:
@@ -443,8 +452,8 @@ class Session:
         """One while-loop decode over the current window; returns (steps, n_gen, stopped,
         (tokens, logps, sampling_logps)) as host arrays for the first `num_rows` rows."""
         n = self.num_rows
-        padded = lambda values: np.concatenate(  # noqa: E731
-            [np.asarray(values, np.int32), np.zeros((self.batch - n,), np.int32)])
+        padded = lambda values: self.sampler.put_batch(np.concatenate(  # noqa: E731
+            [np.asarray(values, np.int32), np.zeros((self.batch - n,), np.int32)]))
         program = self.sampler._program("decode", self.batch, self.window)
         self.cache, self.kv_mask, buffers, n_gen, stopped, steps = program(
             self.sampler.state, self.sampler.layer_params, self.cache, self.kv_mask,
@@ -453,9 +462,9 @@ class Session:
             np.int32(self.write_index), padded(limits),
             np.int32(min(self.slots, self.window) - self.write_index), stop_ids,
             np.float32(temperature), np.int32(top_k), np.float32(top_p), np.uint32(seed),
-            np.arange(self.batch, dtype=np.int32))
-        return (int(steps), np.asarray(n_gen)[:n], np.asarray(stopped)[:n],
-                tuple(np.asarray(b)[:n] for b in buffers))
+            self.sampler.put_batch(np.arange(self.batch, dtype=np.int32)))
+        return (int(steps), to_host(n_gen)[:n], to_host(stopped)[:n],
+                tuple(to_host(b)[:n] for b in buffers))
 
     def training_arrays(self, rows: Sequence[int] | None = None,
                         length: int | None = None) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from spade_jax import config as config_lib
+from spade_jax.distributed import assert_same_on_all_processes, to_host
 from spade_jax.envs import EnvPool, SandboxConfig, validate
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.metrics import PhaseTimer
@@ -170,6 +171,9 @@ class Runtime:
             rows = batch["tokens"].shape[0]
             groups.append(({k: v for k, v in batch.items() if k != "is_designer"},
                            rows // rows_per_micro))
+        assert_same_on_all_processes(
+            {f"{i}/{k}": v for i, (batch, _) in enumerate(groups) for k, v in batch.items()},
+            "the train batch")
         truncated = sum(len(s.tokens) > max_len for s in samples)
         if truncated:
             log.warning("%d samples longer than train.seq_len=%d were cut", truncated, max_len)
@@ -177,7 +181,7 @@ class Runtime:
                  ", ".join(f"{b['tokens'].shape[0]}x{b['tokens'].shape[1]}" for b, _ in groups))
         with self.timer.phase("training"):
             self.train_state, metrics = self.train_step.grouped(self.train_state, groups)
-            metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+            metrics = {f"train/{k}": float(to_host(v)) for k, v in metrics.items()}
         metrics["train/truncated_samples"] = float(truncated)
         self._sync_weights()
         return metrics

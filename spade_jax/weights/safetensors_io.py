@@ -15,11 +15,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from spade_jax.distributed import to_host
 from spade_jax.errors import CheckpointError, MissingFileError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
@@ -88,13 +88,6 @@ def load_hf_model(
     )
 
 
-def _host_copy(x: jax.Array) -> np.ndarray:
-    """`x` on the host of every process, gathered across hosts when it is not addressable."""
-    if x.is_fully_addressable:
-        return np.asarray(jax.device_get(x))
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
 def _hf_tensors(model: Transformer, dtype):
     """Yield (HF key, numpy tensor) for every tensor of `model`, one layer at a time."""
     cfg = model.cfg
@@ -102,11 +95,11 @@ def _hf_tensors(model: Transformer, dtype):
     unstacked = {name: lay for name, lay in layouts.items() if not lay.stacked}
     stacked = {name: lay for name, lay in layouts.items() if lay.stacked}
     for name, layout in unstacked.items():
-        block = _host_copy(getattr(model, name)[...])
+        block = to_host(getattr(model, name)[...])
         yield layout.hf_key, layout.to_hf(block).astype(dtype)
     for layer in range(cfg.n_layers):
         for name, layout in stacked.items():
-            block = _host_copy(getattr(model, name)[layer])
+            block = to_host(getattr(model, name)[layer])
             fields = {"layer": layer}
             if layout.stacked == ("layer",):
                 yield layout.hf_key.format(**fields), layout.to_hf(block).astype(dtype)
