@@ -19,7 +19,8 @@ def get_config():
     c.train.micro_batch = 4
     c.spade.regen_interval = 2
     c.spade.skills_per_regen = 2
-    c.spade.games_per_cycle = 2
+    c.spade.games_per_cycle = 1  # one design (two attempts) per regeneration: the 2k-token
+    # Designer prompt dominates generation and training time on 2 CPU cores
     c.spade.plays_per_env = 4
     c.spade.max_turns = 4
     c.spade.max_attempts = 2

@@ -55,28 +55,18 @@ def bucket_length(n: int, minimum: int = 64) -> int:
     return length
 
 
-def length_groups(
-    samples: list[TrainSample], rows_per_micro: int, max_len: int | None = None
-) -> list[list[TrainSample]]:
-    """Split samples into groups padded to their own bucketed length, in micro-batch units.
+def length_groups(samples: list[TrainSample], max_len: int | None = None
+                  ) -> list[list[TrainSample]]:
+    """Samples grouped by their bucketed (and `max_len`-capped) length, longest group first.
 
-    Longest first, `rows_per_micro` samples per micro-batch; consecutive micro-batches whose
-    (capped) bucket length is equal form one group. One 4k-token Designer sample then costs
-    one 4k micro-batch instead of padding every short Agent episode to 4k.
+    Each group is padded to its own length, so one 3k-token Designer sample does not pad every
+    short Agent episode to 4k tokens; the train step accumulates the groups into one update.
     """
-    ordered = sorted(samples, key=lambda s: len(s.tokens), reverse=True)
-    groups: list[list[TrainSample]] = []
-    last_length = None
-    for first in range(0, len(ordered), rows_per_micro):
-        chunk = ordered[first:first + rows_per_micro]
-        length = bucket_length(len(chunk[0].tokens))
-        length = min(length, max_len) if max_len is not None else length
-        if length == last_length:
-            groups[-1].extend(chunk)
-        else:
-            groups.append(list(chunk))
-        last_length = length
-    return groups
+    by_length: dict[int, list[TrainSample]] = {}
+    for sample in samples:
+        length = bucket_length(len(sample.tokens))
+        by_length.setdefault(min(length, max_len) if max_len else length, []).append(sample)
+    return [by_length[length] for length in sorted(by_length, reverse=True)]
 
 
 def assemble_batch(

@@ -165,12 +165,14 @@ class Runtime:
         rows_per_micro = -(-self.cfg.train.micro_batch // dp) * dp
         max_len = self.cfg.train.seq_len
         groups = []
-        for group in length_groups(samples, rows_per_micro, max_len):
-            batch = assemble_batch(group, pad_id=0, rows_multiple=rows_per_micro,
+        for group in length_groups(samples, max_len):
+            # a group smaller than one micro-batch is padded only to the data-parallel size
+            rows_multiple = rows_per_micro if len(group) >= rows_per_micro else dp
+            batch = assemble_batch(group, pad_id=0, rows_multiple=rows_multiple,
                                    max_len=max_len)
             rows = batch["tokens"].shape[0]
             groups.append(({k: v for k, v in batch.items() if k != "is_designer"},
-                           rows // rows_per_micro))
+                           max(1, rows // rows_per_micro)))
         assert_same_on_all_processes(
             {f"{i}/{k}": v for i, (batch, _) in enumerate(groups) for k, v in batch.items()},
             "the train batch")

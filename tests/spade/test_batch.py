@@ -43,12 +43,12 @@ def test_bucket_length_and_truncation():
     assert batch["tokens"].shape == (1, 128)
 
 
-def test_length_groups_pad_each_micro_batch_group_to_its_own_bucket():
-    samples = [sample("agent", n, 1) for n in (30, 70, 3000, 100, 65, 90)]
-    groups = length_groups(samples, rows_per_micro=2)  # buckets 4096 | 128, 128 (merged)
-    assert [[len(s.tokens) for s in g] for g in groups] == [[3000, 100], [90, 70, 65, 30]]
-    capped = length_groups(samples, rows_per_micro=2, max_len=128)  # every bucket cut to 128
-    assert [len(g) for g in capped] == [6]
+def test_length_groups_pad_each_group_to_its_own_bucket():
+    samples = [sample("agent", n, 1) for n in (30, 70, 3000, 100, 65, 90, 60)]
+    groups = length_groups(samples)  # buckets 4096 | 128 | 64, longest first, order kept
+    assert [[len(s.tokens) for s in g] for g in groups] == [[3000], [70, 100, 65, 90], [30, 60]]
+    capped = length_groups(samples, max_len=128)  # 4096 is cut to 128 and joins that group
+    assert [[len(s.tokens) for s in g] for g in capped] == [[70, 3000, 100, 65, 90], [30, 60]]
 
 
 def test_mismatched_lengths_rejected():
