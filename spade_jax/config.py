@@ -99,6 +99,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.spade.penalize_invalid = True
     c.spade.hint_mode = "self"  # self | designer
     c.spade.designer_delay = 0  # 4 in the reference: cycles before Designer samples are trained
+    # Delayed regret: hint plays against the regen cycle's no-hint plays (True), or against
+    # every no-hint play of the delay window (False, the reference `regret` variant).
+    c.spade.matched_timing = True
     c.spade.replay_per_cycle = 4  # memory environments replayed each cycle
     c.spade.no_corpus = False
     c.spade.no_memory = False
@@ -177,6 +180,14 @@ def context_len(cfg: ml_collections.ConfigDict) -> int:
     return int(cfg.sampling.max_context)
 
 
+def play_context(cfg: ml_collections.ConfigDict) -> int:
+    """KV-cache length of one Agent conversation: the system prompt and first observation
+    (2048 tokens) plus, per turn, the Agent's answer and an observation of up to 512 tokens;
+    capped by sampling.max_context."""
+    s, smp = cfg.spade, cfg.sampling
+    return int(min(smp.max_context, 2048 + s.max_turns * (smp.agent_max_new_tokens + 512)))
+
+
 def validate(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> None:
     """Raise ValueError listing every problem in `cfg` with what to change."""
     problems = []
@@ -190,6 +201,8 @@ def validate(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> No
         problems.append(f"spade.skills has unknown {sorted(unknown_skills)}; known: {SKILLS}")
     if not 1 <= s.skills_per_regen <= len(s.skills):
         problems.append(f"spade.skills_per_regen must be in 1..{len(s.skills)}")
+    if s.designer_delay < 0:
+        problems.append(f"spade.designer_delay={s.designer_delay} must be >= 0")
     for key in ("regen_interval", "games_per_cycle", "plays_per_env", "max_turns", "max_attempts"):
         if s[key] < 1:
             problems.append(f"spade.{key}={s[key]} must be >= 1")

@@ -4,11 +4,13 @@ arrays, process-0 helpers.
 JAX's multi-controller model: every host runs the same `launch/train.py`; `jax.distributed`
 joins them and `jax.devices()` then lists every chip of the slice. The device programs (sampler,
 train step) are SPMD over the global mesh. The host program is replicated: every process runs
-the whole host loop, including *every* environment of the batch, on the same host data (same
-seeds, same gathered tokens), so all processes make the same decisions and feed the same batches
-to the device. That is correct but redundant: hosts do not yet run only the environments of
-their own batch rows. Only process 0 writes host files (memory, env files, metrics); every
-process takes part in checkpointing.
+the whole host loop on the same host data (same seeds, same gathered tokens), so all processes
+make the same decisions and feed the same batches to the device. The Agent's episodes are the
+exception: each host runs the environments of its own rows in its own sandbox pool and the hosts
+exchange the results (`allgather_json`, `spade.envrunner.ShardedEnvRunner`), so environment
+execution scales with the number of hosts. (The validation gate still runs on every host.) Only
+process 0 writes host files (memory, env files, metrics); every process takes part in
+checkpointing.
 
 Crossing the host/device boundary with global arrays:
   - host -> device: `jax.device_put(numpy_value, sharding)`; with identical host data on every
@@ -22,6 +24,7 @@ Crossing the host/device boundary with global arrays:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 
@@ -84,6 +87,23 @@ def to_host(x) -> np.ndarray:
     if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+def allgather_json(value) -> list:
+    """Every process's JSON-serialisable `value`, in process order, on every process.
+
+    How hosts share host data (e.g. the results of the environments each one ran): two small
+    all-gathers, of the byte lengths and of the padded UTF-8 JSON bytes. One process: `[value]`.
+    """
+    if jax.process_count() == 1:
+        return [value]
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+    sizes = sizes.reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [json.loads(row[:n].tobytes().decode()) for row, n in zip(rows, sizes, strict=True)]
 
 
 def assert_same_on_all_processes(arrays: dict[str, np.ndarray], what: str) -> None:

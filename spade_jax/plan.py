@@ -215,6 +215,48 @@ def plan_from_config(run_cfg, n_devices: int) -> tuple[ModelConfig, TrainShape]:
     return run_config.model_config(run_cfg), shape
 
 
+def device_memory_bytes() -> int:
+    """Memory one local device can use: its allocator limit on TPU/GPU; on CPU the host's RAM
+    shared by its local (possibly fake) devices."""
+    import os
+
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(ram // jax.local_device_count())
+
+
+def check_rollout_fits(run_cfg, n_devices: int, bytes_per_device: int) -> None:
+    """Refuse, at start-up, a cycle whose Agent plays cannot all be held by the sampler.
+
+    Every play of a cycle (K without and K with hint, for each generated and replayed
+    environment) decodes in one batch on one KV cache; the plan's sampling peak for that batch
+    must fit in `bytes_per_device`, or the run would die out of memory in its first cycle.
+    """
+    from spade_jax import config as run_config
+
+    cfg, shape = plan_from_config(run_cfg, n_devices)
+    shape = dataclasses.replace(shape, context_len=run_config.play_context(run_cfg))
+    plan = memory_plan(cfg, shape)
+    if plan.sampling_peak <= bytes_per_device:
+        return
+    s = run_cfg.spade
+    fits = max_rollout_batch(cfg, shape, bytes_per_device)
+    raise ConfigError(
+        f"the Agent's plays do not fit in memory: spade.plays_per_env={s.plays_per_env} x 2 "
+        f"(without and with hint) x {s.games_per_cycle + s.replay_per_cycle} environments "
+        f"(spade.games_per_cycle={s.games_per_cycle} + spade.replay_per_cycle="
+        f"{s.replay_per_cycle}) = {shape.rollout_batch} conversations of up to "
+        f"{shape.context_len} tokens need {plan.kv_cache / GIB:.1f} GiB of KV cache per device "
+        f"plus {(plan.parameters + plan.optimizer) / GIB:.1f} GiB of parameters and optimizer "
+        f"state, but a device has {bytes_per_device / GIB:.1f} GiB. At most {fits} "
+        "conversations fit: lower spade.plays_per_env, spade.games_per_cycle or "
+        "spade.replay_per_cycle, shorten conversations (spade.max_turns, "
+        "sampling.agent_max_new_tokens, sampling.max_context), or use more devices.")
+
+
 def main(argv) -> None:
     """absl entry point: print the plan for --config on --topology (or --devices/--hbm-gib)."""
     del argv

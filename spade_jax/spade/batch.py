@@ -36,6 +36,18 @@ class TrainSample:
                 f"({len(self.old_logp)}) must have the same length"
             )
 
+    def to_json(self) -> dict:
+        """Plain JSON (for checkpoints of delayed Designer samples)."""
+        return {"tokens": self.tokens.tolist(), "loss_mask": self.loss_mask.tolist(),
+                "old_logp": self.old_logp.tolist(), "advantage": self.advantage,
+                "role": self.role, "weight": self.weight}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrainSample:
+        return cls(np.asarray(data["tokens"], np.int32), np.asarray(data["loss_mask"], bool),
+                   np.asarray(data["old_logp"], np.float32), float(data["advantage"]),
+                   data["role"], float(data["weight"]))
+
 
 def order_for_training(
     samples: list[TrainSample], max_samples: int | None = None

@@ -16,6 +16,7 @@ import jax
 from tqdm import tqdm
 
 from spade_jax import config as config_lib
+from spade_jax import plan
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.distributed import is_main_process
 from spade_jax.eval.runner import in_loop_tasks, run_in_loop_eval
@@ -59,6 +60,7 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     from spade_jax.spade.runtime import Runtime
 
     config_lib.validate(cfg, jax.device_count())
+    plan.check_rollout_fits(cfg, jax.device_count(), plan.device_memory_bytes())
     main = is_main_process()
     rt = runtime or Runtime.create(cfg)
     owns_runtime = runtime is None

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from spade_jax.envs import EnvPool, hint_leaks
+from spade_jax.distributed import allgather_json
+from spade_jax.envs import EnvPool, StepResult, hint_leaks
 from spade_jax.spade.hints import clean_hint
 
 ENV_HINT = "\x00env-hint\x00"
@@ -76,3 +77,57 @@ class SandboxEnvRunner:
     def close_many(self, handles) -> None:
         for handle in handles:
             self.pool.close(handle)
+
+
+class ShardedEnvRunner:
+    """The episodes of a multi-host rollout, each run by one host; every host sees all results.
+
+    Row i of a `reset_many` belongs to process i % process_count: only that process starts,
+    steps and closes its environment, in its own sandbox pool. After every call the processes
+    exchange their rows' results (`allgather_json`), so the replicated host loop (sampler
+    inputs, returns, rewards) stays identical on every host while environment execution is
+    divided among them. Handles returned here are run-wide episode numbers.
+    """
+
+    def __init__(self, local: SandboxEnvRunner, process_index: int, process_count: int,
+                 gather=allgather_json):
+        self.local = local
+        self.process_index = process_index
+        self.process_count = process_count
+        self.gather = gather
+        self._local_handles: dict[int, int] = {}  # episode number -> handle in our pool
+        self._episodes = 0
+
+    @property
+    def leaked_hints(self) -> int:
+        return self.local.leaked_hints
+
+    def _merge(self, mine: dict[int, dict]) -> dict[int, dict]:
+        merged: dict[int, dict] = {}
+        for part in self.gather({str(k): v for k, v in mine.items()}):
+            merged.update({int(k): v for k, v in part.items()})
+        return merged
+
+    def reset_many(self, specs: Sequence) -> list[EpisodeStart]:
+        numbers = list(range(self._episodes, self._episodes + len(specs)))
+        self._episodes += len(specs)
+        own = [i for i in range(len(specs)) if i % self.process_count == self.process_index]
+        started = self.local.reset_many([specs[i] for i in own])
+        mine = {}
+        for i, start in zip(own, started, strict=True):
+            self._local_handles[numbers[i]] = start.handle
+            mine[numbers[i]] = dataclasses.asdict(dataclasses.replace(start, handle=numbers[i]))
+        merged = self._merge(mine)
+        return [EpisodeStart(**merged[n]) for n in numbers]
+
+    def step_many(self, handles_and_actions) -> list[StepResult]:
+        pairs = list(handles_and_actions)
+        own = [(n, a) for n, a in pairs if n in self._local_handles]
+        results = self.local.step_many([(self._local_handles[n], a) for n, a in own])
+        merged = self._merge({n: dataclasses.asdict(dataclasses.replace(r, handle=n))
+                              for (n, _), r in zip(own, results, strict=True)})
+        return [StepResult(**merged[n]) for n, _ in pairs]
+
+    def close_many(self, handles) -> None:
+        self.local.close_many([self._local_handles.pop(n) for n in handles
+                               if n in self._local_handles])

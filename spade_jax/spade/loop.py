@@ -22,6 +22,7 @@ from spade_jax.rl.advantages import group_zscore_advantages
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
 from spade_jax.spade.batch import TrainSample, order_for_training
+from spade_jax.spade.delayed import PendingDesign, due_outcome, record_plays
 from spade_jax.spade.designer import (
     DesignAttempt,
     DesignedEnv,
@@ -43,8 +44,8 @@ class HostState:
     blacklist: set[str] = dataclasses.field(default_factory=set)
     learning_potentials: dict[str, rewards.LearningPotentialState] = dataclasses.field(
         default_factory=dict)
-    # Designer samples waiting `spade.designer_delay` cycles: (due cycle, sample).
-    delayed_designer: list[tuple[int, TrainSample]] = dataclasses.field(default_factory=list)
+    # Designer samples waiting `spade.designer_delay` cycles for their windowed reward.
+    pending_designs: list[PendingDesign] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -53,7 +54,7 @@ class HostState:
             "pool": [dataclasses.asdict(dataclasses.replace(e, attempt=None)) for e in self.pool],
             "blacklist": sorted(self.blacklist),
             "learning_potentials": {k: v.to_dict() for k, v in self.learning_potentials.items()},
-            "delayed_designer": [[due, sample_to_json(x)] for due, x in self.delayed_designer],
+            "pending_designs": [d.to_json() for d in self.pending_designs],
         }
 
     @classmethod
@@ -65,21 +66,9 @@ class HostState:
             blacklist=set(data["blacklist"]),
             learning_potentials={k: rewards.LearningPotentialState.from_dict(v)
                                  for k, v in data["learning_potentials"].items()},
-            delayed_designer=[(int(due), sample_from_json(x))
-                              for due, x in data.get("delayed_designer", [])],
+            pending_designs=[PendingDesign.from_json(d)
+                             for d in data.get("pending_designs", [])],
         )
-
-
-def sample_to_json(sample: TrainSample) -> dict:
-    return {"tokens": sample.tokens.tolist(), "loss_mask": sample.loss_mask.tolist(),
-            "old_logp": sample.old_logp.tolist(), "advantage": sample.advantage,
-            "role": sample.role, "weight": sample.weight}
-
-
-def sample_from_json(data: dict) -> TrainSample:
-    return TrainSample(np.asarray(data["tokens"], np.int32), np.asarray(data["loss_mask"], bool),
-                       np.asarray(data["old_logp"], np.float32), float(data["advantage"]),
-                       data["role"], float(data["weight"]))
 
 
 def episode_seed(run_seed: int, cycle: int, env_id: str, play: int) -> int:
@@ -236,14 +225,16 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
                           for e, a in zip(episodes[:k], adv, strict=True)]
 
     if attempts and not s.no_designer_training:
-        fresh, raw = designer_samples_for(rt, cfg, state, attempts, stats, len(agent_samples))
-        if len(raw):
-            metrics["designer/reward_mean"] = float(np.mean(raw))
-        state.delayed_designer += [(state.cycle + s.designer_delay, x) for x in fresh]
-    # Delayed Designer samples keep their rollout log-probs as old_logp, so the PPO ratio is
-    # an importance weight against the policy that wrote them, clipped like any other.
-    designer_samples = [x for due, x in state.delayed_designer if due <= state.cycle]
-    state.delayed_designer = [(due, x) for due, x in state.delayed_designer if due > state.cycle]
+        state.pending_designs += pending_designs_for(rt, state, attempts, stats,
+                                                     due=state.cycle + s.designer_delay)
+    record_plays(state.pending_designs, state.cycle,
+                 {st.env_id: [e.episode_return for e in ep[:k]]
+                  for st, ep in zip(stats, plays, strict=True)})
+    due = [d for d in state.pending_designs if d.due <= state.cycle]
+    state.pending_designs = [d for d in state.pending_designs if d.due > state.cycle]
+    designer_samples, raw = designer_samples_for(cfg, state, due, len(agent_samples))
+    if len(raw):
+        metrics["designer/reward_mean"] = float(np.mean(raw))
 
     samples = order_for_training(designer_samples + agent_samples)
     if samples:
@@ -255,28 +246,40 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
     return metrics
 
 
-def designer_samples_for(
-    rt, cfg, state, attempts, stats, n_agent
-) -> tuple[list[TrainSample], np.ndarray]:
-    """Designer samples with their advantages, and the raw rewards of every scored attempt.
+def pending_designs_for(rt, state, attempts, stats, due: int) -> list[PendingDesign]:
+    """Every scored Designer attempt of this regen cycle as a sample waiting for `due`.
 
-    Rewards follow the variant, penalties, per-skill centring and role scale (DESIGN §4.6).
+    A valid duplicate of a memory environment is neither played nor trained.
     """
-    s = cfg.spade
     by_env = {st.env_id: st for st in stats}
-    outcomes, kept = [], []
+    pending = []
     for attempt in attempts:
         env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
         if not attempt.valid:
-            outcomes.append(rewards.DesignerOutcome(attempt.skill, "invalid"))
+            status, r_hint = "invalid", 0.0
         elif env_id in state.blacklist:
-            outcomes.append(rewards.DesignerOutcome(attempt.skill, "step_timeout"))
+            status, r_hint = "step_timeout", 0.0
         elif env_id in by_env:
-            st = by_env[env_id]
-            outcomes.append(rewards.DesignerOutcome(attempt.skill, "ok", st.regret, st.mean_return))
+            status, r_hint = "ok", by_env[env_id].r_hint
         else:
-            continue  # a valid duplicate of a memory environment: not played, not trained
-        kept.append(attempt)
+            continue
+        pending.append(PendingDesign(due, state.cycle, designer_sample(rt, attempt, 0.0),
+                                     attempt.skill, status, env_id, r_hint))
+    return pending
+
+
+def designer_samples_for(
+    cfg, state, due: list[PendingDesign], n_agent: int
+) -> tuple[list[TrainSample], np.ndarray]:
+    """The due Designer samples with their advantages, and the raw rewards of all of them.
+
+    Rewards follow the variant, penalties, per-skill centring and role scale (DESIGN §4.6),
+    over each sample's delay window (only the regen cycle itself when the delay is 0).
+    """
+    s = cfg.spade
+    outcomes = [due_outcome(d, state.blacklist, s.matched_timing) for d in due]
+    if not outcomes:
+        return [], np.zeros(0)
     if s.reward_variant == "learning_potential":
         for o in outcomes:
             state.learning_potentials.setdefault(o.skill, rewards.LearningPotentialState())
@@ -291,8 +294,8 @@ def designer_samples_for(
                                   if o.skill == skill and o.status == "ok"]))
             state.learning_potentials[skill] = rewards.update_learning_potential(
                 state.learning_potentials[skill], mean)
-    samples = [designer_sample(rt, a, adv)
-               for a, adv, trained in zip(kept, result.advantages, result.trained, strict=True)
+    samples = [dataclasses.replace(d.sample, advantage=float(adv))
+               for d, adv, trained in zip(due, result.advantages, result.trained, strict=True)
                if trained]
     return samples, result.raw
 

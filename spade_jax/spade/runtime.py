@@ -30,7 +30,7 @@ from spade_jax.sharding import make_mesh
 from spade_jax.spade import prompts
 from spade_jax.spade.batch import TrainSample, assemble_batch, length_groups
 from spade_jax.spade.designer import DesignedEnv
-from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
+from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunner
 from spade_jax.spade.rollout import ChatFormat, EpisodeSpec, play_episodes
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,8 @@ class Runtime:
         self.pool = EnvPool(sandbox, warm=cfg.sandbox.warm_workers, max_turns=cfg.spade.max_turns)
         self.validation_pool = EnvPool(sandbox, warm=2, max_turns=cfg.spade.max_turns)
         self.envs = SandboxEnvRunner(self.pool, cfg.spade.max_turns)
+        if jax.process_count() > 1:  # each host runs the environments of its own rows
+            self.envs = ShardedEnvRunner(self.envs, jax.process_index(), jax.process_count())
         self.timer = PhaseTimer()
         self._generated_tokens = 0
         log.info("sandbox layers: %s", self.pool.layers)
@@ -121,8 +123,7 @@ class Runtime:
 
     def play(self, specs: list[EpisodeSpec], *, seed: int):
         s, smp = self.cfg.spade, self.cfg.sampling
-        capacity = min(smp.max_context,
-                       2048 + s.max_turns * (smp.agent_max_new_tokens + 512))
+        capacity = config_lib.play_context(self.cfg)
         episodes = play_episodes(
             specs, sampler=self.sampler, envs=self.envs, chat=self.chat,
             system_prompt=prompts.agent_system_prompt(s.game_type), max_turns=s.max_turns,

@@ -82,6 +82,33 @@ def test_valid_designs_are_played_rewarded_trained_and_remembered(
     assert all(r["win_rate"] is not None for r in new)
 
 
+def test_delayed_designer_samples_wait_through_a_resume_and_train_when_due(
+        tmp_path, tiny_runtime, scripted_designer):
+    cfg = load_config_file("tiny")
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.designer_delay = 2  # designs of cycle 0 train at cycle 2, after a resume
+    cfg.total_cycles = 2
+    first = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    assert [row["samples/designer"] for row in first] == [0, 0]
+    assert all("designer/reward_mean" not in row for row in first)
+    from spade_jax.checkpoint import Checkpointer
+
+    ck = Checkpointer(str(tmp_path))
+    _, host = ck.restore(2, tiny_runtime.device_state())
+    ck.close()
+    waiting = host["state"]["pending_designs"]
+    assert [(d["cycle"], d["due"], d["status"]) for d in waiting] == [(0, 2, "ok")] * 2
+    # each window holds the K no-hint returns of cycles 0 and 1 (the pool lives 2 cycles)
+    assert [sorted(d["window"]) for d in waiting] == [["0", "1"]] * 2
+    assert all(len(plays) == cfg.spade.plays_per_env
+               for d in waiting for plays in d["window"].values())
+    cfg.total_cycles = 3
+    resumed = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    assert resumed[-1]["cycle"] == 2
+    assert resumed[-1]["samples/designer"] == cfg.spade.games_per_cycle
+    assert "designer/reward_mean" in resumed[-1]
+
+
 def test_time_budget_finishes_and_saves_the_cycle_in_progress(tmp_path, tiny_runtime):
     cfg = load_config_file("tiny")
     cfg.total_cycles = 3

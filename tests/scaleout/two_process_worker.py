@@ -5,7 +5,7 @@
 
 Joins a multi-process run when SPADE_COORDINATOR / SPADE_NUM_PROCESSES / SPADE_PROCESS_ID are
 set (otherwise runs alone). `helpers` checks the host/device helpers of spade_jax.distributed
-on the global mesh (seconds). `train`, on configs/tiny.py (2 cycles):
+on the global mesh and the sharded episode runner (seconds). `train`, on configs/tiny.py (2 cycles):
   1. with RESTORE_FROM, restores that workdir's newest checkpoint onto this run's mesh and dumps
      it (`restored.npz`): cross-topology restore;
   2. trains 2 cycles into OUT_DIR/run and dumps the final checkpoint read back (`saved.npz`);
@@ -77,8 +77,35 @@ def check_helpers() -> None:
     try:
         distributed.assert_same_on_all_processes({"x": host + jax.process_index()}, "x")
     except AssertionError:
+        check_sharded_episodes()
         return
     raise AssertionError("diverged host data went unnoticed")
+
+
+def check_sharded_episodes() -> None:
+    """Each process runs only its rows' environments; every process sees every result."""
+    from spade_jax.envs import EnvPool
+    from spade_jax.envs.seeds import list_seed_envs
+    from spade_jax.spade.envrunner import SandboxEnvRunner, ShardedEnvRunner
+    from spade_jax.spade.rollout import EpisodeSpec
+
+    rank, count = jax.process_index(), jax.process_count()
+    parts = distributed.allgather_json({"rank": rank, "text": "é" * (rank + 1)})
+    assert parts == [{"rank": r, "text": "é" * (r + 1)} for r in range(count)], parts
+    seed_env = list_seed_envs()[0]
+    specs = [EpisodeSpec(seed_env.name, seed_env.code, seed) for seed in range(6)]
+    with EnvPool(warm=1, max_turns=5) as pool:
+        runner = ShardedEnvRunner(SandboxEnvRunner(pool, 5), rank, count)
+        starts = runner.reset_many(specs)
+        assert len(pool._episodes) == len(range(rank, len(specs), count))
+        results = runner.step_many([(s.handle, "\\boxed{1}") for s in starts])
+        runner.close_many([s.handle for s in starts])
+        assert not pool._episodes
+    assert all(s.ok for s in starts) and all(r.ok for r in results), (starts, results)
+    seen = json.dumps([[s.observation for s in starts], [r.observation for r in results],
+                       [r.reward for r in results]])
+    distributed.assert_same_on_all_processes(
+        {"episodes": np.frombuffer(seen.encode(), np.uint8)}, "the sharded episodes")
 
 
 def train(out_dir: str, restore_from: str | None = None) -> None:
