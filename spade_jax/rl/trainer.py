@@ -116,6 +116,11 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
     optimizer step over several batches of different lengths (RL batches mix 4k-token Designer
     samples with short Agent episodes: each group is padded to its own length, not the
     longest), with the same exact (sum, count) accumulation.
+
+    `skipped_tokens`: generated tokens of samples left out of the batch because their
+    advantage is 0. With no KL term their loss and gradient are exactly 0, so leaving them out
+    changes nothing but the work, provided they still count in the token-mean's denominator
+    (loss, gradient). The ratio / clip / KL metrics are means over the tokens computed.
     """
     graphdef, _ = _abstract_split(model_cfg)
     shardings = state_shardings(model_cfg, optimizer, mesh)
@@ -146,15 +151,16 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
         sums, _ = jax.lax.scan(accumulate, init, micro)
         return sums
 
-    def apply(state: TrainState, sums):
+    def apply(state: TrainState, sums, skipped_tokens):
         """Divide the sums once and take the optimizer step."""
         grads, loss_sum, count, metrics = sums
-        denom = jnp.maximum(count, 1.0)
+        denom = jnp.maximum(count + skipped_tokens, 1.0)
         grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        out = {k: v / denom for k, v in metrics.items()}
-        out.update(loss=loss_sum / denom, tokens=count, grad_norm=optax.global_norm(grads))
+        out = {k: v / jnp.maximum(count, 1.0) for k, v in metrics.items()}
+        out.update(loss=loss_sum / denom, tokens=count + skipped_tokens,
+                   skipped_tokens=skipped_tokens, grad_norm=optax.global_norm(grads))
         return TrainState(params, opt_state, state.step + 1), out
 
     batch_sh = lambda a: NamedSharding(  # noqa: E731
@@ -167,9 +173,10 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
             in_batch = {k: batch_sh(v) for k, v in batch.items()}
             if kind == "step":
                 jitted[key] = jax.jit(
-                    lambda state, b: apply(state, gradient_sums(state.params, b, m)),
-                    in_shardings=(shardings, in_batch), out_shardings=(shardings, replicated),
-                    donate_argnums=(0,))
+                    lambda state, b, skipped: apply(state, gradient_sums(state.params, b, m),
+                                                    skipped),
+                    in_shardings=(shardings, in_batch, replicated),
+                    out_shardings=(shardings, replicated), donate_argnums=(0,))
             else:
                 jitted[key] = jax.jit(
                     lambda params, b: gradient_sums(params, b, m),
@@ -187,29 +194,31 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
 
     def run(state: TrainState, batch: dict):
         batch = to_device(batch)
-        return jitted_for("step", batch, config.micro_batches)(state, batch)
+        return jitted_for("step", batch, config.micro_batches)(state, batch, jnp.float32(0))
 
-    def grouped(state: TrainState, groups: list[tuple[dict, int]]):
+    def grouped(state: TrainState, groups: list[tuple[dict, int]], skipped_tokens: int = 0):
         """One optimizer step over (batch, micro_batches) groups of different shapes."""
         if not groups:
             raise ValueError("grouped train step needs at least one batch")
         groups = [(to_device(b), m) for b, m in groups]
+        skipped = jnp.float32(skipped_tokens)
         if len(groups) == 1:
             batch, m = groups[0]
-            return jitted_for("step", batch, m)(state, batch)
+            return jitted_for("step", batch, m)(state, batch, skipped)
         sums = None
         for batch, m in groups:
             part = jitted_for("grads", batch, m)(state.params, batch)
             sums = part if sums is None else add_sums(sums, part)
-        return apply_sums(state, sums)
+        return apply_sums(state, sums, skipped)
 
     def lower(state: TrainState, batch: dict, **lower_kwargs):
         """`jax.jit(...).lower` of the step for abstract (ShapeDtypeStruct) state and batch.
 
         `lower_kwargs` go to `Traced.lower`, e.g. lowering_platforms=('tpu',) on an AbstractMesh.
         """
-        return jitted_for("step", batch, config.micro_batches).trace(state, batch).lower(
-            **lower_kwargs)
+        skipped = jax.ShapeDtypeStruct((), jnp.float32)
+        return jitted_for("step", batch, config.micro_batches).trace(
+            state, batch, skipped).lower(**lower_kwargs)
 
     run.lower = lower
     run.grouped = grouped

@@ -165,8 +165,9 @@ class Runtime:
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         rows_per_micro = -(-self.cfg.train.micro_batch // dp) * dp
         max_len = self.cfg.train.seq_len
+        computed, skipped_tokens = self._drop_zero_advantage(samples, max_len)
         groups = []
-        for group in length_groups(samples, max_len):
+        for group in length_groups(computed, max_len):
             # a group smaller than one micro-batch is padded only to the data-parallel size
             rows_multiple = rows_per_micro if len(group) >= rows_per_micro else dp
             batch = assemble_batch(group, pad_id=0, rows_multiple=rows_multiple,
@@ -180,14 +181,34 @@ class Runtime:
         truncated = sum(len(s.tokens) > max_len for s in samples)
         if truncated:
             log.warning("%d samples longer than train.seq_len=%d were cut", truncated, max_len)
-        log.info("train step: %d samples in %s (rows x tokens)", len(samples),
-                 ", ".join(f"{b['tokens'].shape[0]}x{b['tokens'].shape[1]}" for b, _ in groups))
+        log.info("train step: %d samples in %s (rows x tokens), %d with advantage 0 not "
+                 "computed", len(samples), ", ".join(f"{b['tokens'].shape[0]}x"
+                                                     f"{b['tokens'].shape[1]}" for b, _ in groups),
+                 len(samples) - len(computed))
         with self.timer.phase("training"):
-            self.train_state, metrics = self.train_step.grouped(self.train_state, groups)
+            self.train_state, metrics = self.train_step.grouped(self.train_state, groups,
+                                                                skipped_tokens)
             metrics = {f"train/{k}": float(to_host(v)) for k, v in metrics.items()}
         metrics["train/truncated_samples"] = float(truncated)
         self._sync_weights()
         return metrics
+
+    def _drop_zero_advantage(self, samples, max_len: int) -> tuple[list[TrainSample], int]:
+        """Samples worth computing, and the generated tokens of those that are not.
+
+        A sample whose advantage (times its weight) is 0 has exactly zero PPO loss and gradient
+        when there is no KL term; it only has to count in the token mean (the train step's
+        `skipped_tokens`). One sample is always kept so the step has a batch (the optimizer
+        step still runs: AdamW's moments and weight decay move on zero gradients too).
+        """
+        if self.train_config.kl_coef:
+            return samples, 0
+        keep = [s.advantage * s.weight != 0 for s in samples]
+        if not any(keep):
+            keep[min(range(len(samples)), key=lambda i: len(samples[i].tokens))] = True
+        skipped = sum(int(s.loss_mask[:max_len].sum())
+                      for s, kept in zip(samples, keep, strict=True) if not kept)
+        return [s for s, kept in zip(samples, keep, strict=True) if kept], skipped
 
     def _sync_weights(self) -> None:
         nnx.update(self.model, self.train_state.params)

@@ -22,6 +22,8 @@ def test_tiny_config_runs_a_full_cycle(tmp_path, tiny_runtime):
     assert row["envs/played"] == cfg.spade.replay_per_cycle
     assert row["samples/agent"] == cfg.spade.replay_per_cycle * cfg.spade.plays_per_env
     assert np.isfinite(row["train/loss"])
+    # every advantage is 0 here: one sample is computed, the others only counted (exact)
+    assert 0 < row["train/skipped_tokens"] < row["train/tokens"]
     for key in ("time/sampling_share", "time/env_share", "time/training_share",
                 "throughput/tokens_per_s", "regret/mean", "return/hint", "return/nohint"):
         assert key in row, key

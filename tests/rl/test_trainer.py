@@ -87,3 +87,28 @@ def test_grouped_step_over_different_lengths_equals_one_padded_batch():
     assert_close(one, two, atol=1e-6)
     np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
     assert m1["tokens"] == m2["tokens"]
+
+
+def test_zero_advantage_rows_left_out_but_counted_give_the_same_update():
+    """Rows with advantage 0 contribute exactly 0: dropping them with their token count kept in
+    the denominator (skipped_tokens) gives the update of the full batch; forgetting the count
+    does not."""
+    sgd = optax.sgd(1.0)
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    full = batch(b=6, t=12)
+    full["advantages"][[1, 3, 4]] = 0.0
+    kept = {k: v[[0, 2, 5]] for k, v in full.items()}
+    skipped = int(full["loss_mask"][[1, 3, 4]].sum())
+    results = []
+    for groups, skip in (([(full, 1)], 0), ([(kept, 1)], skipped), ([(kept, 1)], 0)):
+        state = init_train_state(Transformer(CFG, rngs=nnx.Rngs(0)), sgd, mesh)
+        step = make_train_step(CFG, sgd, mesh, TrainConfig())
+        state, metrics = step.grouped(state, groups, skipped_tokens=skip)
+        results.append((jax.tree.leaves(jax.device_get(state.params)), jax.device_get(metrics)))
+    (want, m_full), (got, m_kept), (wrong, _) = results
+    assert_close(want, got, atol=1e-6)
+    np.testing.assert_allclose(m_full["loss"], m_kept["loss"], rtol=1e-6)
+    assert m_full["tokens"] == m_kept["tokens"] == full["loss_mask"].sum()
+    assert m_kept["skipped_tokens"] == skipped > 0
+    with pytest.raises(AssertionError):
+        assert_close(want, wrong, atol=1e-6)
