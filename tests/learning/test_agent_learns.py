@@ -24,7 +24,7 @@ from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.driver import fresh_state
 from spade_jax.spade.rollout import Episode
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+pytestmark = pytest.mark.slow  # about 3 minutes on 2 cores: runs in CI
 
 BUDGET_CYCLES = 40
 TARGET_RETURN = 0.9

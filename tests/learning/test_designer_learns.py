@@ -27,7 +27,7 @@ from spade_jax.spade.driver import fresh_state
 from spade_jax.spade.rollout import Episode
 from tests.learning.world import LEVELS, MAX_REGRET_LEVEL, SCRIPTED_WIN, dial_env_code
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+pytestmark = pytest.mark.slow  # about 1 minute on 2 cores: runs in CI
 
 BUDGET_CYCLES = 30
 TARGET_SHARE = 0.8
