@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from spade_jax.errors import SpadeError
+
 DEFAULT_MAX_WORDS = 6000
 MIN_STDLIB_DOC_WORDS = 40
 TEXT_FIELDS = ("orig_doc", "text")
@@ -45,7 +47,7 @@ STDLIB_MODULES = (
 )
 
 
-class CorpusError(ValueError):
+class CorpusError(SpadeError, ValueError):
     """A corpus spec that is malformed, points at nothing, or yields no documents."""
 
 

@@ -62,12 +62,12 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     config_lib.validate(cfg, jax.device_count())
     plan.check_rollout_fits(cfg, jax.device_count(), plan.device_memory_bytes())
     main = is_main_process()
-    rt = runtime or Runtime.create(cfg)
-    owns_runtime = runtime is None
-    corpus = None
+    corpus = None  # read before the model is loaded: a bad corpus fails in seconds
     if cfg.mode == "spade" and not cfg.spade.no_corpus:
         corpus = load_corpus(cfg.corpus.source, max_words=cfg.corpus.max_words,
                              tfds_data_dir=cfg.corpus.data_dir or None)
+    rt = runtime or Runtime.create(cfg)
+    owns_runtime = runtime is None
     checkpointer = Checkpointer(workdir, keep=cfg.keep_checkpoints)
     state, history = fresh_state(cfg, rt.seed_envs), []
     latest = checkpointer.latest_step() if resume else None

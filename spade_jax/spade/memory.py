@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from spade_jax.errors import SpadeError
+
 MEMORY_FILENAME = "memory.json"
 MEMORY_FORMAT = "spade_jax.env_memory"
 MEMORY_FORMAT_VERSION = 1
@@ -40,7 +42,7 @@ NEGATIVE_WIN_BOUNDS = (0.1, 0.9)
 SHINGLE_SIZE = 3
 
 
-class MemoryFileError(RuntimeError):
+class MemoryFileError(SpadeError, RuntimeError):
     """The memory file exists but cannot be read back; the message names the file."""
 
 

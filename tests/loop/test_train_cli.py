@@ -1,0 +1,25 @@
+"""launch/train.py on bad input: an error saying what to change, no traceback, nothing written."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.loop.conftest import ROOT
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.corpus.source=jsonl:/nonexistent/corpus.jsonl", "not found"),
+    ("--config.spade.plays_per_env=1000000", "the Agent's plays do not fit in memory"),
+    ("--config.spade.reward_variant=best", "spade.reward_variant='best'"),
+])
+def test_bad_input_is_one_clear_error(tmp_path, override, message):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "train.py"), f"--config={ROOT}/configs/tiny.py",
+         f"--workdir={tmp_path / 'run'}", override],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    error = result.stderr[result.stderr.rfind("\nerror: ") + 1:]
+    assert error.startswith("error: ") and message in error, result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
