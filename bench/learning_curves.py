@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def plot(results: dict, path: Path) -> None:
     for ax in axes[:3]:
         ax.set_xlabel("cycle")
         ax.legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M-Instruct, 2 CPU cores, {results['minutes']:g} min")
+    fig.suptitle(f"configs/{results['config']}.py ({results['model']}), {results['cpus']} CPU "
+                 f"cores, {results['minutes']:g} min")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -118,7 +120,8 @@ def main() -> None:
     from spade_jax.spade.runtime import Runtime
 
     workdir, out = Path(args.workdir), Path(args.out)
-    results: dict = {"minutes": args.minutes, "config": args.config}
+    results: dict = {"minutes": args.minutes, "config": args.config, "cpus": os.cpu_count(),
+                     "model": phase_config("fixed", args.config).model.source}
     for phase in PHASES:
         cfg = phase_config(phase, args.config)
         rt = Runtime.create(cfg)  # fresh pretrained weights for each phase
