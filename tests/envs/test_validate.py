@@ -31,8 +31,10 @@ BROKEN = {
     "hangs in step": ("V3", variant("self.turn += 1", "while True:\n            pass")),
     "nondeterministic": ("V4", variant("random.seed(seed)", "random.seed()")),
     "answer in observation": ("V5", variant('return ("Guess the hidden', 'return (f"Secret {self.target}. " "Guess the hidden')),  # noqa: E501
-    "slow steps": ("V6", variant("self.turn += 1", "self.turn += 1\n        if self.turn > 12:\n"
-                                 "            sum(range(15_000_000))")),
+    # ~0.45 s a step from turn 5 on (well inside the 3 s call timeout): ~9 s against the 3 s
+    # liveness budget (turn > 12 with a third of the work measured 2.95 s here: flaky)
+    "slow steps": ("V6", variant("self.turn += 1", "self.turn += 1\n        if self.turn > 4:\n"
+                                 "            sum(range(30_000_000))")),
     "wrong solution": ("V7", variant("return f\"\\\\boxed{{{self.target}}}\"",
                                      "return f\"\\\\boxed{{{self.target + 1}}}\"")),
     "never terminates": ("V7", variant(STEP_RETURN, 'return "Correct!", 1.0, False, False, {}')),
