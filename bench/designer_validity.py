@@ -89,7 +89,8 @@ def main() -> None:
                     "skill": skill, "doc_id": doc_id, "prompt_tokens": len(ids),
                     "new_tokens": len(out.tokens), "finish": out.finish_reason,
                     "valid": report.ok, "failed_check": check,
-                    "message": report.failures[0][1][:300] if report.failures else "",
+                    "message": (report.failures[0][1].replace(str(ROOT), ".")[:300]
+                                if report.failures else ""),
                 })
             t2 = time.perf_counter()
             generate_s += t1 - t0
