@@ -11,16 +11,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    """`heavy` tests (whole training runs, learning curves, the notebook) need SPADE_HEAVY_TESTS=1.
-
-    They take several minutes each on 2 cores and have not yet been timed inside CI's budget;
-    run them with `SPADE_HEAVY_TESTS=1 python -m pytest -m heavy`.
+    """`heavy` tests need SPADE_HEAVY_TESTS=1: the two-process run compared with one process
+    (about 7 minutes on 2 cores), kept out of CI's budget. Run them with
+    `SPADE_HEAVY_TESTS=1 python -m pytest -m heavy`.
     """
     import pytest
 
     if os.environ.get("SPADE_HEAVY_TESTS") == "1":
         return
-    skip = pytest.mark.skip(reason="heavy: set SPADE_HEAVY_TESTS=1 to run (minutes each)")
+    skip = pytest.mark.skip(reason="heavy: set SPADE_HEAVY_TESTS=1 to run (minutes)")
     for item in items:
         if "heavy" in item.keywords:
             item.add_marker(skip)

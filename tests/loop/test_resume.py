@@ -16,7 +16,7 @@ import pytest
 
 from tests.loop.conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+pytestmark = pytest.mark.slow  # 97 s on 2 shared cores: runs in CI
 
 ARGS = ["--config.total_cycles=3", "--config.spade.regen_interval=1"]
 

@@ -78,7 +78,6 @@ def test_train_state_restores_on_another_mesh(saved, target_shape):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 @pytest.mark.parametrize("target_shape", TARGETS)
 def test_training_run_checkpoint_restores_on_another_mesh(tiny_workdir, target_shape):
     cfg = load_config_file("tiny")

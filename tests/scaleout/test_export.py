@@ -37,7 +37,6 @@ def trained_logits(workdir, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_export_loads_in_transformers_with_our_logits(tiny_workdir, tmp_path):
     out = tmp_path / "hf"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",

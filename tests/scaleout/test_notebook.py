@@ -31,7 +31,6 @@ def test_notebook_is_built_from_its_script():
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_notebook_runs_top_to_bottom_on_the_tiny_config(monkeypatch):
     # One CPU device in the kernel: the notebook's path on a laptop or a Colab CPU runtime.
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
