@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 import flax.nnx as nnx
@@ -218,8 +219,6 @@ def plan_from_config(run_cfg, n_devices: int) -> tuple[ModelConfig, TrainShape]:
 def device_memory_bytes() -> int:
     """Memory one local device can use: its allocator limit on TPU/GPU; on CPU the host's RAM
     shared by its local (possibly fake) devices."""
-    import os
-
     device = jax.local_devices()[0]
     stats = device.memory_stats() if device.platform != "cpu" else None
     if stats and stats.get("bytes_limit"):

@@ -59,6 +59,25 @@ def order_for_training(
     return ordered[:max_samples] if max_samples is not None else ordered
 
 
+def drop_zero_advantage(
+    samples: list[TrainSample], max_len: int | None = None
+) -> tuple[list[TrainSample], int]:
+    """Samples worth computing, and the generated tokens of those that are not.
+
+    A sample whose advantage (times its weight) is 0 has exactly zero PPO loss and gradient
+    when there is no KL term; it only has to count in the token mean (the train step's
+    `skipped_tokens`, over its first `max_len` tokens as trained). One sample is always kept so
+    the step has a batch (the optimizer step still runs: AdamW's moments and weight decay move
+    on zero gradients too).
+    """
+    keep = [s.advantage * s.weight != 0 for s in samples]
+    if samples and not any(keep):
+        keep[min(range(len(samples)), key=lambda i: len(samples[i].tokens))] = True
+    skipped = sum(int(s.loss_mask[:max_len].sum())
+                  for s, kept in zip(samples, keep, strict=True) if not kept)
+    return [s for s, kept in zip(samples, keep, strict=True) if kept], skipped
+
+
 def bucket_length(n: int, minimum: int = 64) -> int:
     """Round a sequence length up to a power of two (few distinct shapes, few compiles)."""
     length = minimum

@@ -28,7 +28,12 @@ from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, 
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
 from spade_jax.spade import prompts
-from spade_jax.spade.batch import TrainSample, assemble_batch, length_groups
+from spade_jax.spade.batch import (
+    TrainSample,
+    assemble_batch,
+    drop_zero_advantage,
+    length_groups,
+)
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunner
 from spade_jax.spade.rollout import ChatFormat, EpisodeSpec, play_episodes
@@ -165,7 +170,9 @@ class Runtime:
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         rows_per_micro = -(-self.cfg.train.micro_batch // dp) * dp
         max_len = self.cfg.train.seq_len
-        computed, skipped_tokens = self._drop_zero_advantage(samples, max_len)
+        # without a KL term, zero-advantage samples have exactly zero loss and gradient
+        computed, skipped_tokens = (drop_zero_advantage(samples, max_len)
+                                    if not self.train_config.kl_coef else (samples, 0))
         groups = []
         for group in length_groups(computed, max_len):
             # a group smaller than one micro-batch is padded only to the data-parallel size
@@ -192,23 +199,6 @@ class Runtime:
         metrics["train/truncated_samples"] = float(truncated)
         self._sync_weights()
         return metrics
-
-    def _drop_zero_advantage(self, samples, max_len: int) -> tuple[list[TrainSample], int]:
-        """Samples worth computing, and the generated tokens of those that are not.
-
-        A sample whose advantage (times its weight) is 0 has exactly zero PPO loss and gradient
-        when there is no KL term; it only has to count in the token mean (the train step's
-        `skipped_tokens`). One sample is always kept so the step has a batch (the optimizer
-        step still runs: AdamW's moments and weight decay move on zero gradients too).
-        """
-        if self.train_config.kl_coef:
-            return samples, 0
-        keep = [s.advantage * s.weight != 0 for s in samples]
-        if not any(keep):
-            keep[min(range(len(samples)), key=lambda i: len(samples[i].tokens))] = True
-        skipped = sum(int(s.loss_mask[:max_len].sum())
-                      for s, kept in zip(samples, keep, strict=True) if not kept)
-        return [s for s, kept in zip(samples, keep, strict=True) if kept], skipped
 
     def _sync_weights(self) -> None:
         nnx.update(self.model, self.train_state.params)

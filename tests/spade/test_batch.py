@@ -7,6 +7,7 @@ from spade_jax.spade.batch import (
     TrainSample,
     assemble_batch,
     bucket_length,
+    drop_zero_advantage,
     length_groups,
     order_for_training,
 )
@@ -67,3 +68,14 @@ def test_delayed_designer_samples_survive_a_checkpoint_round_trip():
     assert copy.loss_mask.tolist() == original.loss_mask.tolist()
     assert copy.old_logp.tolist() == original.old_logp.tolist()
     assert (copy.advantage, copy.role, copy.weight) == (0.25, "designer", 2.0)
+
+
+def test_zero_advantage_samples_are_dropped_and_their_generated_tokens_counted():
+    samples = [sample("agent", 10, 4, adv=0.0), sample("agent", 12, 5, adv=0.5),
+               sample("designer", 20, 8, adv=1.0, weight=0.0)]
+    kept, skipped = drop_zero_advantage(samples)
+    assert kept == [samples[1]] and skipped == 4 + 8
+    assert drop_zero_advantage(samples, max_len=17)[1] == 4 + 5  # designer row cut at 17
+    # all zero: the shortest sample stays so the step has a batch
+    kept, skipped = drop_zero_advantage([samples[2], samples[0]])
+    assert kept == [samples[0]] and skipped == 8
