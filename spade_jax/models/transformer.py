@@ -15,32 +15,12 @@ dense fallback's reduction and the ragged all-to-all pattern a routed kernel wou
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
 from spade_jax.models import layers
 from spade_jax.models.config import ModelConfig
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class KVCache:
-    """Keys and values of every layer: [layers, batch, kv_heads, slots, head_dim]."""
-
-    k: jax.Array
-    v: jax.Array
-
-    @classmethod
-    def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> KVCache:
-        shape = (cfg.n_layers, batch, cfg.n_kv_heads, slots, cfg.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
-
-    @property
-    def slots(self) -> int:
-        return self.k.shape[3]
 
 
 def _param(rngs: nnx.Rngs, shape, spec, dtype, scale=0.02) -> nnx.Param:
@@ -53,7 +33,7 @@ def _ones(shape, spec, dtype) -> nnx.Param:
 
 
 class Transformer(nnx.Module):
-    """Decoder-only transformer; `__call__` returns final-norm hidden states and the cache."""
+    """Decoder-only transformer; `__call__` returns final-norm hidden states [B, T, D]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
         cfg.validate()
@@ -99,46 +79,31 @@ class Transformer(nnx.Module):
         positions: jax.Array,
         *,
         kv_mask: jax.Array,
-        cache: KVCache | None = None,
-        cache_index: jax.Array | int = 0,
         compute_dtype=None,
         remat: bool = False,
-    ) -> tuple[jax.Array, KVCache | None]:
-        """Run the decoder on `tokens` [B, T] at rotary `positions` [B, T].
+    ) -> jax.Array:
+        """Run the decoder on `tokens` [B, T] at rotary `positions` [B, T] (the training path).
 
-        Without a cache, attention is causal over the T tokens and `kv_mask` [B, T] marks real
-        (non-padding) tokens. With a cache, the T new keys/values are written to slots
-        [cache_index, cache_index + T) and `kv_mask` [B, slots] marks the slots that hold real
-        tokens (the new ones included); a query in slot i sees valid slots <= i.
-        `remat=True` recomputes each layer's activations in the backward pass (jax.checkpoint on
-        the scanned block): less memory for training, about a third more compute.
-        Returns hidden states [B, T, D] after the final norm, and the updated cache.
+        Attention is causal over the T tokens and `kv_mask` [B, T] marks real (non-padding)
+        tokens. `remat=True` recomputes each layer's activations in the backward pass
+        (jax.checkpoint on the scanned block): less memory for training, about a third more
+        compute. Returns hidden states [B, T, D] after the final norm. Cached decoding is
+        `unrolled_forward` (the sampler's path).
         """
         cfg = self.cfg
         dtype = compute_dtype or self.embed.dtype
-        length = tokens.shape[1]
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dtype)
+        mask = attention_mask(kv_mask, tokens.shape[1], 0)
 
-        mask = attention_mask(kv_mask, length, cache_index if cache is not None else 0)
-
-        def block(x, scanned):
-            params, layer_k, layer_v = scanned
+        def block(x, params):
             params = jax.tree.map(lambda a: a.astype(dtype), params)
-            layer_cache = None if layer_k is None else (layer_k, layer_v)
-            x, kv = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)
-            return x, kv if layer_k is not None else None
+            x, _ = decoder_block(cfg, params, x, positions, mask, None, 0)
+            return x, None
 
         if remat:
             block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-        scanned = (
-            self._layer_params(),
-            None if cache is None else cache.k,
-            None if cache is None else cache.v,
-        )
-        x, new_kv = jax.lax.scan(block, x, scanned)
-        hidden = layers.rms_norm(x, self.final_norm[...], cfg.rms_eps)
-        new_cache = None if cache is None else KVCache(k=new_kv[0], v=new_kv[1])
-        return hidden, new_cache
+        x, _ = jax.lax.scan(block, x, self._layer_params())
+        return layers.rms_norm(x, self.final_norm[...], cfg.rms_eps)
 
     def layer_params(self, *, fuse: bool = False) -> list[dict[str, jax.Array]]:
         """Per-layer weights for `unrolled_forward` (the sampler's layout).
@@ -191,14 +156,15 @@ def decoder_block(
     layer_cache: tuple[jax.Array, jax.Array] | None,
     cache_index: jax.Array | int,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One decoder layer on x [B, T, D]; returns (x, (k, v)).
+    """One decoder layer on x [B, T, D]; returns (x, (k_t, v)).
 
-    With `layer_cache` = (k, v) [B, K, slots, Dh] (head-major: each head's keys are one
-    contiguous [slots, Dh] matrix) the new keys/values are written at `cache_index` and
-    attention runs over all the slots of that cache (callers size it to the live window);
-    the returned (k, v) are the updated cache. Without a cache, (k, v) are this block's
-    keys/values in the same layout. Projections are plain 2-D matmuls (the [D, H, Dh]
-    weights reshaped, a free bitcast): XLA-CPU runs multi-axis einsums several times slower.
+    With `layer_cache` = (k_t [B, K, Dh, slots], v [B, K, slots, Dh]) — head-major, keys
+    transposed so that every attention product reads them in its natural layout — the new
+    keys/values are written at `cache_index` and attention runs over all the slots of that
+    cache (callers size it to the live window); the returned pair is the updated cache.
+    Without a cache it is this block's keys/values in the same layout. Projections are plain
+    2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast): XLA-CPU runs multi-axis
+    einsums several times slower.
     `params` may hold fused `wqkv` / `w_gate_up` matrices (see
     `Transformer.layer_params(fuse=True)`).
     """
@@ -217,10 +183,10 @@ def decoder_block(
         k = layers.rms_norm(k, params["k_norm"], cfg.rms_eps)
     q = layers.apply_rope(q, positions, cfg.rope_theta)
     k = layers.apply_rope(k, positions, cfg.rope_theta)
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, Dh]
+    k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, Dh, T], [B, K, T, Dh]
     if layer_cache is not None:
         k = jax.lax.dynamic_update_slice_in_dim(layer_cache[0], k.astype(layer_cache[0].dtype),
-                                                cache_index, 2)
+                                                cache_index, 3)
         v = jax.lax.dynamic_update_slice_in_dim(layer_cache[1], v.astype(layer_cache[1].dtype),
                                                 cache_index, 2)
     attn = layers.attention(q, k.astype(x.dtype), v.astype(x.dtype), mask)
@@ -278,5 +244,5 @@ def forward_logits(
     """Full-sequence float32 logits [B, T, vocab] for (optionally left-padded) tokens."""
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
-    hidden, _ = model(tokens, positions_from_mask(mask), kv_mask=mask)
+    hidden = model(tokens, positions_from_mask(mask), kv_mask=mask)
     return model.logits(hidden)

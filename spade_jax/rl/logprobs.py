@@ -53,6 +53,6 @@ def token_logprobs(
     """
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
-    hidden, _ = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat)
+    hidden = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat)
     logp = chunked_target_logprobs(hidden[:, :-1], model.unembedding(), tokens[:, 1:], chunk_size)
     return jnp.pad(logp, ((0, 0), (1, 0)))

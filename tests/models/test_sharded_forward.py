@@ -54,8 +54,8 @@ def test_query_chunked_attention_is_exact_in_value_and_gradient():
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     length = 300
     q = jax.random.normal(k1, (2, length, 6, 16))
-    k = jax.random.normal(k2, (2, 2, length, 16))  # [B, K, S, Dh]
-    v = jax.random.normal(k3, (2, 2, length, 16))
+    k = jax.random.normal(k2, (2, 2, 16, length))  # keys transposed: [B, K, Dh, S]
+    v = jax.random.normal(k3, (2, 2, length, 16))  # [B, K, S, Dh]
     mask = jnp.tril(jnp.ones((length, length), bool))[None].repeat(2, 0)
     full = lambda q: layers.attention(q, k, v, mask, query_chunk=4096)  # noqa: E731
     chunked = lambda q: layers.attention(q, k, v, mask, query_chunk=128)  # noqa: E731
@@ -63,3 +63,29 @@ def test_query_chunked_attention_is_exact_in_value_and_gradient():
     grad_full = jax.grad(lambda q: full(q).sum())(q)
     grad_chunked = jax.grad(lambda q: chunked(q).sum())(q)
     assert jnp.abs(grad_full - grad_chunked).max() < 1e-5
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_attention_equals_a_numpy_reference(batch):
+    """One query per row over transposed cached keys (a decode step) is exact GQA attention."""
+    import jax.numpy as jnp
+
+    from spade_jax.models import layers
+
+    rng = np.random.default_rng(batch)
+    n_kv, group, slots, head_dim = 2, 3, 40, 8
+    q = rng.standard_normal((batch, 1, n_kv * group, head_dim)).astype(np.float32)
+    k = rng.standard_normal((batch, n_kv, slots, head_dim)).astype(np.float32)
+    v = rng.standard_normal((batch, n_kv, slots, head_dim)).astype(np.float32)
+    mask = rng.random((batch, 1, slots)) > 0.3
+    out = np.asarray(layers.attention(jnp.asarray(q), jnp.asarray(k).swapaxes(-1, -2),
+                                      jnp.asarray(v), jnp.asarray(mask)))
+    expected = np.zeros_like(q)
+    for b in range(batch):
+        for h in range(n_kv * group):
+            kv = h // group
+            scores = k[b, kv] @ q[b, 0, h] / np.sqrt(head_dim)
+            scores = np.where(mask[b, 0], scores, -np.inf)
+            probs = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+            expected[b, 0, h] = probs @ v[b, kv]
+    np.testing.assert_allclose(out, expected, atol=1e-5, rtol=0)

@@ -8,7 +8,7 @@ import pytest
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer, forward_logits
-from spade_jax.sampling import CacheFullError, Sampler, generate
+from spade_jax.sampling import CacheFullError, Sampler, generate, sampler_for
 from spade_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -177,3 +177,27 @@ def test_generate_strings_chat_and_stop_strings(model):
     cut = generate(model, tok, ["hello"], max_new_tokens=12, stop=[stop], ignore_eos=True)[0]
     assert cut.finish_reason == "stop" and stop not in cut.text
     assert out[0].text.startswith(cut.text)
+
+
+def test_generate_reuses_unchanged_weights_and_picks_up_new_ones():
+    """Repeated `generate` calls skip re-placing/re-fusing the weights; an update is seen."""
+    model = Transformer(CFG, rngs=nnx.Rngs(3))
+    tok = CharTokenizer()
+    first = generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens
+    sampler = sampler_for(model)
+    prepared = sampler.layer_params
+    assert generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens == first
+    assert sampler.layer_params is prepared  # same arrays: nothing redone
+    nnx.update(model, jax.tree.map(lambda a: -a, nnx.state(model, nnx.Param)))
+    changed = generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens
+    assert sampler.layer_params is not prepared
+    expected = [int(t) for t in greedy_reference(model, tok.encode("hello"), 8)]
+    assert changed == expected and changed != first
+
+
+def greedy_reference(model, prompt, n):
+    """Greedy continuation by full forward passes (no cache)."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(np.argmax(np.asarray(forward_logits(model, jnp.asarray([seq]))[0, -1]))))
+    return seq[len(prompt):]
