@@ -232,13 +232,16 @@ class Sampler:
 
     def new_cache(self, batch: int, window: int) -> tuple[list, jax.Array]:
         """Empty per-layer cache (see `_cache_shapes`) and kv_mask [B, window]."""
-        k_shape, v_shape = self._cache_shapes(batch, window)
-        dtype = self.state["embed"][...].dtype
-        make = jax.jit(lambda: [(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype))
-                                for _ in range(self.cfg.n_layers)],
-                       out_shardings=self._cache_shardings(batch, window))
+        key = ("new_cache", batch, window, ())
+        if key not in self._jitted:  # a fresh jit per call would recompile (~60 ms) every time
+            k_shape, v_shape = self._cache_shapes(batch, window)
+            dtype = self.state["embed"][...].dtype
+            self._jitted[key] = jax.jit(
+                lambda: [(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype))
+                         for _ in range(self.cfg.n_layers)],
+                out_shardings=self._cache_shardings(batch, window))
         kv_mask = self.put_batch(np.zeros((batch, window), bool))
-        return make(), kv_mask
+        return self._jitted[key](), kv_mask
 
     def _program(self, name: str, batch: int, window: int, **static):
         """The jitted 'extend', 'decode' or 'grow' (to `static['new_window']`) program."""

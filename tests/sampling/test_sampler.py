@@ -114,8 +114,19 @@ def test_sampling_knobs_do_not_recompile(sampler):
 
     conversation([knobs[0]] * len(knobs))
     before = sampler.compile_count()
-    conversation(knobs)
+    compiles = []  # every XLA compilation in the process, not only the sampler's own programs
+
+    def listener(event, _secs, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        conversation(knobs)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
     assert sampler.compile_count() == before
+    assert compiles == []
 
 
 @pytest.mark.parametrize("prompt_len, new_tokens", [(300, 200), (700, 32)])
