@@ -5,6 +5,10 @@
 SmolLM2-135M-Instruct in float32 on 2 threads, ~60-token chat prompts, EOS ignored so every row
 makes exactly --new-tokens tokens. tokens/s = batch x new tokens / wall time of one generate
 call (prefill included), median over --runs after one warm-up (which compiles ours).
+
+Also printed, as context rather than a baseline: the "matmul bound", the tokens/s of the decoder's
+projection and unembedding matmuls alone with the same weights and batch (no attention, cache,
+norms, sampling or prefill), i.e. what XLA's CPU matrix products allow a decode step here.
 """
 
 from __future__ import annotations
@@ -41,6 +45,32 @@ def timed(fn, runs: int) -> float:
     return statistics.median(times)
 
 
+def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
+    """Tokens/s of `steps` greedy steps of only the decoder's matmuls (see the module doc)."""
+    import jax
+    import jax.numpy as jnp
+
+    from spade_jax.sampling import sampler_for
+
+    layer_params = sampler_for(policy.model).layer_params  # the fused per-layer weights
+    unembedding, embed = policy.model.unembedding(), policy.model.embed[...]
+    n_q = policy.config.n_heads * policy.config.head_dim
+
+    @jax.jit
+    def decode(tokens):
+        def step(_, tokens):
+            x = embed[tokens]
+            for p in layer_params:
+                x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
+                gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
+                x = x + (jax.nn.silu(gate) * up) @ p["w_down"]
+            return jnp.argmax(x @ unembedding, axis=-1).astype(jnp.int32)
+        return jax.lax.fori_loop(0, steps, step, tokens)
+
+    tokens = jnp.zeros((batch,), jnp.int32)
+    return batch * steps / timed(lambda: decode(tokens).block_until_ready(), runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32")
@@ -67,7 +97,8 @@ def main() -> None:
 
     ours_text = generate(policy.model, policy.tokenizer, chats[:1], max_new_tokens=48)[0].text
     print(f"load average {os.getloadavg()[0]:.2f} (2 cores; other work skews the figures)")
-    print(f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6}")
+    print(f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} "
+          f"{'matmul bound tok/s':>19} {'ours/bound':>10}")
     for batch in batches:
         prompts = [chats[i % len(chats)] for i in range(batch)]
 
@@ -86,8 +117,9 @@ def main() -> None:
         ours_s = timed(ours, args.runs)
         hf_s = timed(baseline, args.runs)
         ours_tps, hf_tps = batch * n / ours_s, batch * n / hf_s
-        print(f"{batch:>5} {ours_tps:>11.1f} {hf_tps:>9.1f} {ours_tps / hf_tps:>5.2f}x",
-              flush=True)
+        bound_tps = matmul_bound(policy, batch, n, args.runs)
+        print(f"{batch:>5} {ours_tps:>11.1f} {hf_tps:>9.1f} {ours_tps / hf_tps:>5.2f}x "
+              f"{bound_tps:>19.1f} {ours_tps / bound_tps:>9.0%}", flush=True)
     with torch.no_grad():
         enc = hf_tok([hf_tok.apply_chat_template(chats[0], tokenize=False,
                                                  add_generation_prompt=True)],
