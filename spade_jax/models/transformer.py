@@ -81,17 +81,14 @@ class Transformer(nnx.Module):
         kv_mask: jax.Array,
         compute_dtype=None,
         remat: bool = False,
-        unroll: bool | None = None,
     ) -> jax.Array:
         """Run the decoder on `tokens` [B, T] at rotary `positions` [B, T] (the training path).
 
         Attention is causal over the T tokens and `kv_mask` [B, T] marks real (non-padding)
         tokens. `remat=True` recomputes each layer's activations in the backward pass
         (jax.checkpoint on the scanned block): less memory for training, about a third more
-        compute. `unroll` unrolls the layer scan; the default does so on CPU only, where it
-        measured 7% faster for SmolLM2's train step (15.7 -> 14.6 s, `bench/train_step.py`),
-        while accelerators keep the rolled scan's fast compiles. Returns hidden states
-        [B, T, D] after the final norm. Cached decoding is `unrolled_forward` (the sampler's).
+        compute. Returns hidden states [B, T, D] after the final norm. Cached decoding is
+        `unrolled_forward` (the sampler's path).
         """
         cfg = self.cfg
         dtype = compute_dtype or self.embed.dtype
@@ -105,9 +102,7 @@ class Transformer(nnx.Module):
 
         if remat:
             block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-        if unroll is None:
-            unroll = jax.default_backend() == "cpu"
-        x, _ = jax.lax.scan(block, x, self._layer_params(), unroll=bool(unroll))
+        x, _ = jax.lax.scan(block, x, self._layer_params())
         return layers.rms_norm(x, self.final_norm[...], cfg.rms_eps)
 
     def layer_params(self, *, fuse: bool = False) -> list[dict[str, jax.Array]]:
