@@ -218,9 +218,9 @@ def unrolled_forward(
     """The cached forward of `Transformer.__call__` with a Python loop over layers.
 
     The sampler's path: weights come as per-layer arrays (`Transformer.layer_params`) and the
-    cache as one (k, v) pair [B, K, slots, Dh] per layer, so no decode step slices stacked
-    weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan, doubling
-    the bytes moved per token). Same masks and maths as `__call__` with a cache.
+    cache as one (k_t, v) pair per layer (layouts in `decoder_block`), so no decode step slices
+    stacked weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan,
+    doubling the bytes moved per token). Same masks and maths as `__call__`.
     """
     cfg = model.cfg
     dtype = layer_params[0]["attn_norm"].dtype
