@@ -188,7 +188,7 @@ class Sampler:
                 a is b for a, b in zip(leaves, self._source, strict=True)):
             return
         self._source = leaves
-        if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state)):
+        if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
             if self.fuse_weights:
                 raise ValueError("abstract weights need fuse_weights=False (the TPU/GPU layout)")
             self.state = jax.tree.map(
