@@ -53,7 +53,7 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
     from spade_jax.sampling import sampler_for
 
     layer_params = sampler_for(policy.model).layer_params  # the fused per-layer weights
-    unembedding, embed = policy.model.unembedding(), policy.model.embed[...]
+    embed = policy.model.embed[...]
     n_q = policy.config.n_heads * policy.config.head_dim
 
     @jax.jit
@@ -64,7 +64,7 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
                 x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
                 gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
                 x = x + (jax.nn.silu(gate) * up) @ p["w_down"]
-            return jnp.argmax(x @ unembedding, axis=-1).astype(jnp.int32)
+            return jnp.argmax(policy.model.logits(x), axis=-1).astype(jnp.int32)
         return jax.lax.fori_loop(0, steps, step, tokens)
 
     tokens = jnp.zeros((batch,), jnp.int32)

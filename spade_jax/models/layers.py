@@ -32,9 +32,38 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
+def vocab_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool) -> jax.Array:
+    """Float32 logits [..., V] of hidden [..., D] against weight [V, D] (vocab_major) or [D, V]."""
+    spec = "...d,vd->...v" if vocab_major else "...d,dv->...v"
+    return jnp.einsum(spec, hidden, weight.astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
+
+
 ATTENTION_QUERY_CHUNK = 512
 
 
+def _gqa_scores(q: jax.Array, k_t: jax.Array, mask: jax.Array) -> jax.Array:
+    """Scaled, masked float32 scores [B, K, G, C, S] of q [B, K, G, C, Dh] against k_t."""
+    batch, n_kv, group, length, head_dim = q.shape
+    rows = q.reshape(batch, n_kv, group * length, head_dim)
+    scores = jnp.matmul(rows, k_t, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, n_kv, group, length, -1) * (head_dim**-0.5)
+    return jnp.where(mask[:, None, None], scores, MASK_VALUE)
+
+
+def _attention_block_forward(q, k_t, v, mask):
+    batch, n_kv, group, length, head_dim = q.shape
+    scores = _gqa_scores(q, k_t, mask)
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    exp = jnp.exp(scores - row_max)
+    row_sum = jnp.sum(exp, axis=-1, keepdims=True)
+    probs = (exp / row_sum).astype(v.dtype)
+    out = jnp.matmul(probs.reshape(batch, n_kv, group * length, -1), v)
+    out = out.reshape(batch, n_kv, group, length, head_dim)
+    return out, (q, k_t, v, mask, out, row_max, row_sum)
+
+
+@jax.custom_vjp
 def _attention_block(q: jax.Array, k_t: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Exact GQA attention of one block of queries, as two batched matmuls over (B, K).
 
@@ -42,15 +71,34 @@ def _attention_block(q: jax.Array, k_t: jax.Array, v: jax.Array, mask: jax.Array
     Returns [B, K, G, C, Dh]. The G query heads of a KV head are stacked on the row axis
     ([G*C, Dh] @ [Dh, S]), the layout XLA-CPU runs as plain GEMMs (several times faster than
     the 5-axis einsum).
+    The backward pass (`_attention_block_backward`) keeps only the softmax's row max and sum
+    and recomputes the probabilities, as flash attention does, instead of autodiff's stored
+    [B, H, C, S] scores and probabilities: for SmolLM2 at 8 x 256 tokens that is 38 MB less
+    written and read per layer, and in a layer scan it also spares zero-filling the stacked
+    buffers.
     """
+    return _attention_block_forward(q, k_t, v, mask)[0]
+
+
+def _attention_block_backward(residuals, d_out):
+    q, k_t, v, mask, out, row_max, row_sum = residuals
     batch, n_kv, group, length, head_dim = q.shape
-    rows = q.reshape(batch, n_kv, group * length, head_dim)
-    scores = jnp.matmul(rows, k_t, preferred_element_type=jnp.float32)
-    scores = scores.reshape(batch, n_kv, group, length, -1) * (head_dim**-0.5)
-    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.matmul(probs.reshape(batch, n_kv, group * length, -1), v)
-    return out.reshape(batch, n_kv, group, length, head_dim)
+    rows = lambda a: a.reshape(batch, n_kv, group * length, -1)  # noqa: E731
+    probs = jnp.exp(_gqa_scores(q, k_t, mask) - row_max) / row_sum
+    d_out_rows = rows(d_out)
+    d_v = jnp.matmul(rows(probs).astype(v.dtype).swapaxes(-1, -2), d_out_rows)
+    d_probs = jnp.matmul(d_out_rows, v.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    # softmax backward: p * (dp - sum(p * dp)), with sum(p * dp) = sum(d_out * out) per row
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_scores = probs * (d_probs.reshape(probs.shape) - delta)
+    d_scores = jnp.where(mask[:, None, None], d_scores, 0.0) * (head_dim**-0.5)
+    d_scores = rows(d_scores).astype(q.dtype)
+    d_q = jnp.matmul(d_scores, k_t.swapaxes(-1, -2)).reshape(q.shape)
+    d_k_t = jnp.matmul(rows(q).swapaxes(-1, -2), d_scores)
+    return d_q, d_k_t, d_v, None
+
+
+_attention_block.defvjp(_attention_block_forward, _attention_block_backward)
 
 
 def attention(
@@ -87,10 +135,44 @@ def attention(
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, n_heads, head_dim)
 
 
+@jax.custom_vjp
 def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
-    """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up))."""
-    hidden = jax.nn.silu(x @ gate) * (x @ up)
-    return hidden @ down
+    """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up)), x [..., D].
+
+    The backward pass is written out (`_swiglu_backward`) rather than left to autodiff: XLA-CPU
+    fused autodiff's SiLU-derivative and gating products into transposed [F, tokens] copies for
+    the weight-gradient matmuls, and at SmolLM2's shapes (8 x 256 tokens, F = 1536) one layer's
+    forward + backward measured 253-270 ms that way against 184-187 ms with the elementwise
+    work done in token-major layout (the matmuls alone need ~171 ms).
+    """
+    return _swiglu_forward(x, gate, up, down)[0]
+
+
+def _swiglu_forward(x, gate, up, down):
+    g, u = x @ gate, x @ up
+    return (jax.nn.silu(g) * u) @ down, (x, g, u, gate, up, down)
+
+
+def _token_contraction(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a [N, P], b [N, Q] -> a^T b [P, Q]: a weight gradient, summed over the N tokens."""
+    return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())))
+
+
+def _swiglu_backward(residuals, d_out):
+    x, g, u, gate, up, down = residuals
+    flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [..., C] -> [tokens, C]
+    x2, g, u, d_out2 = flat(x), flat(g), flat(u), flat(d_out)
+    sig = jax.nn.sigmoid(g)
+    silu = g * sig
+    d_hidden = d_out2 @ down.T
+    d_up = d_hidden * silu
+    d_gate = d_hidden * u * (sig * (1 + g * (1 - sig)))  # d silu(g) / dg = sig (1 + g (1 - sig))
+    d_x = d_gate @ gate.T + d_up @ up.T
+    return (d_x.reshape(x.shape), _token_contraction(x2, d_gate), _token_contraction(x2, d_up),
+            _token_contraction(silu * u, d_out2))
+
+
+swiglu_mlp.defvjp(_swiglu_forward, _swiglu_backward)
 
 
 def router_weights(

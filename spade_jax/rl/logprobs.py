@@ -11,13 +11,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, positions_from_mask
 
 
 def chunked_target_logprobs(
-    hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, chunk_size: int = 256
+    hidden: jax.Array, weight: jax.Array, targets: jax.Array, chunk_size: int = 256, *,
+    vocab_major: bool = False,
 ) -> jax.Array:
-    """log softmax(hidden @ unembedding)[targets] for hidden [B, T, D], targets [B, T] -> [B, T]."""
+    """log softmax(logits)[targets] for hidden [B, T, D], targets [B, T] -> [B, T].
+
+    Logits are `layers.vocab_logits(hidden, weight, vocab_major)`: weight [D, V], or [V, D]
+    with vocab_major (a tied embedding as stored).
+    """
     batch, length, d_model = hidden.shape
     chunk_size = min(chunk_size, length)
     n_chunks = -(-length // chunk_size)
@@ -29,8 +35,7 @@ def chunked_target_logprobs(
 
     @jax.checkpoint
     def chunk_logprobs(h, t):
-        logits = jnp.einsum("bcd,dv->bcv", h, unembedding.astype(h.dtype),
-                            preferred_element_type=jnp.float32)
+        logits = vocab_logits(h, weight, vocab_major)
         target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
         return target - jax.nn.logsumexp(logits, axis=-1)
 
@@ -54,5 +59,7 @@ def token_logprobs(
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
     hidden = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat)
-    logp = chunked_target_logprobs(hidden[:, :-1], model.unembedding(), tokens[:, 1:], chunk_size)
+    weight, vocab_major = model.output_projection()
+    logp = chunked_target_logprobs(hidden[:, :-1], weight, tokens[:, 1:], chunk_size,
+                                   vocab_major=vocab_major)
     return jnp.pad(logp, ((0, 0), (1, 0)))
