@@ -32,6 +32,19 @@ _BISECTION_STEPS = 30
 _NEG_INF = -jnp.inf
 
 
+def first_argmax(values: jax.Array) -> jax.Array:
+    """Index of the first maximum along the last axis (int32), like `jnp.argmax`.
+
+    As a max, a compare and a min rather than XLA's variadic (value, index) reduction: over
+    SmolLM2's 49152-token vocabulary at batch 32 that measured 3.8 ms on CPU against 1.1 ms
+    this way, on every decode step. A row without a maximum (NaN logits) gives the last index.
+    """
+    size = values.shape[-1]
+    is_max = values == jnp.max(values, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(is_max, jnp.arange(size, dtype=jnp.int32), size), axis=-1)
+    return jnp.minimum(first, size - 1)
+
+
 def _nucleus_threshold_bisect(log_probs: jax.Array, top_p: jax.Array) -> jax.Array:
     """Per row, the largest log-probability threshold whose kept mass (p >= threshold) >= top_p."""
     low = jnp.min(log_probs, axis=-1)  # keeps everything: mass 1 >= top_p
@@ -79,7 +92,7 @@ def _sample_full_vocab(scaled, noise, top_p):
         lambda: jnp.full(log_probs.shape[:1], _NEG_INF),
     )
     vals = jnp.where(log_probs >= threshold[:, None], log_probs, _NEG_INF)
-    chosen = jnp.argmax(vals + noise, axis=-1)
+    chosen = first_argmax(vals + noise)
     logp = jnp.take_along_axis(vals, chosen[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
         vals, axis=-1
     )
@@ -106,7 +119,7 @@ def select_tokens(
     top_p = jnp.asarray(top_p, jnp.float32)
 
     def greedy():
-        return jnp.argmax(logits, axis=-1), jnp.zeros(logits.shape[:1], jnp.float32)
+        return first_argmax(logits), jnp.zeros(logits.shape[:1], jnp.float32)
 
     def sample():
         scaled = logits / jnp.maximum(temperature, 1e-6)
