@@ -6,6 +6,12 @@ SmolLM2-135M-Instruct, float32, 2 threads. Ours: chunked log-probs + PPO-clip lo
 + global-norm clip + AdamW (the real RL step). Baseline: transformers forward with labels
 (full logits, cross-entropy) + backward + torch AdamW + zero_grad. tokens/s = batch x seq /
 median step time over --runs after one warm-up (which compiles ours).
+
+Also printed, as context rather than a baseline: the "matmul bound", the step time of only the
+model's projection, MLP and unembedding matmuls, forward and backward (dX and dW), with the same
+shapes (no attention, norms, softmax, recomputation or optimizer), i.e. what XLA's CPU matrix
+products allow this step here; `pytorch s/step / bound s/step` is the ratio no f32 XLA step can
+beat on this machine.
 """
 
 from __future__ import annotations
@@ -26,6 +32,30 @@ def timed(fn, runs: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def matmul_bound(model, batch: int, seq: int, runs: int) -> float:
+    """Seconds per forward + backward of the model's weight matmuls alone (see the module doc)."""
+    import flax.nnx as nnx
+    import jax
+    import jax.numpy as jnp
+
+    weights = [{name: value for name, value in layer.items()
+                if name in ("wqkv", "wo", "w_gate_up", "w_down")}
+               for layer in model.layer_params(fuse=True)]
+    n_q = model.cfg.n_heads * model.cfg.head_dim
+    embed = nnx.state(model)["embed"][...]
+
+    def loss(weights, embed, x):
+        for p in weights:
+            x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
+            gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
+            x = x + (gate * up) @ p["w_down"]
+        return jnp.sum(jnp.einsum("td,vd->tv", x, embed))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    x = jnp.ones((batch * seq, embed.shape[1]), embed.dtype)
+    return timed(lambda: jax.block_until_ready(grad(weights, embed, x)), runs)
 
 
 def main() -> None:
@@ -78,11 +108,14 @@ def main() -> None:
         torch_opt.zero_grad()
 
     print(f"load average {os.getloadavg()[0]:.2f} (2 cores; other work skews the figures)")
+    bound_s = matmul_bound(policy.model, b, t, args.runs)  # before the step donates the weights
     ours_s = timed(ours, args.runs)
     hf_s = timed(baseline, args.runs)
     print(f"ours    {ours_s:7.2f} s/step  {b * t / ours_s:7.1f} tok/s")
     print(f"pytorch {hf_s:7.2f} s/step  {b * t / hf_s:7.1f} tok/s")
     print(f"ratio   {hf_s / ours_s:.2f}x   (load average {os.getloadavg()[0]:.2f})")
+    print(f"matmul bound {bound_s:7.2f} s/step: ours at {bound_s / ours_s:.0%} of it; "
+          f"no step above {hf_s / bound_s:.2f}x pytorch here")
 
 
 if __name__ == "__main__":
