@@ -52,7 +52,7 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
 
     from spade_jax.sampling import sampler_for
 
-    layer_params = sampler_for(policy.model).layer_params  # the fused per-layer weights
+    fused = sampler_for(policy.model).fused_weights  # the sampler's fused CPU weights
     embed = policy.model.embed[...]
     n_q = policy.config.n_heads * policy.config.head_dim
 
@@ -60,11 +60,11 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
     def decode(tokens):
         def step(_, tokens):
             x = embed[tokens]
-            for p in layer_params:
+            for p in fused["layers"]:
                 x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
                 gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
                 x = x + (jax.nn.silu(gate) * up) @ p["w_down"]
-            return jnp.argmax(policy.model.logits(x), axis=-1).astype(jnp.int32)
+            return jnp.argmax(x @ fused["unembedding"], axis=-1).astype(jnp.int32)
         return jax.lax.fori_loop(0, steps, step, tokens)
 
     tokens = jnp.zeros((batch,), jnp.int32)

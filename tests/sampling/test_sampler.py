@@ -196,12 +196,12 @@ def test_generate_reuses_unchanged_weights_and_picks_up_new_ones():
     tok = CharTokenizer()
     first = generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens
     sampler = sampler_for(model)
-    prepared = sampler.layer_params
+    prepared = sampler.fused_weights
     assert generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens == first
-    assert sampler.layer_params is prepared  # same arrays: nothing redone
+    assert sampler.fused_weights is prepared  # same arrays: nothing redone
     nnx.update(model, jax.tree.map(lambda a: -a, nnx.state(model, nnx.Param)))
     changed = generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens
-    assert sampler.layer_params is not prepared
+    assert sampler.fused_weights is not prepared
     expected = [int(t) for t in greedy_reference(model, tok.encode("hello"), 8)]
     assert changed == expected and changed != first
 
