@@ -36,25 +36,26 @@ def timed(fn, runs: int) -> float:
 
 def matmul_bound(model, batch: int, seq: int, runs: int) -> float:
     """Seconds per forward + backward of the model's weight matmuls alone (see the module doc)."""
-    import flax.nnx as nnx
     import jax
     import jax.numpy as jnp
+
+    from spade_jax.models.layers import vocab_logits
 
     weights = [{name: value for name, value in layer.items()
                 if name in ("wqkv", "wo", "w_gate_up", "w_down")}
                for layer in model.layer_params(fuse=True)]
     n_q = model.cfg.n_heads * model.cfg.head_dim
-    embed = nnx.state(model)["embed"][...]
+    embed, vocab_major = model.output_projection()
 
     def loss(weights, embed, x):
         for p in weights:
             x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
             gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
             x = x + (gate * up) @ p["w_down"]
-        return jnp.sum(jnp.einsum("td,vd->tv", x, embed))
+        return jnp.sum(vocab_logits(x, embed, vocab_major))
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    x = jnp.ones((batch * seq, embed.shape[1]), embed.dtype)
+    x = jnp.ones((batch * seq, model.cfg.d_model), embed.dtype)
     return timed(lambda: jax.block_until_ready(grad(weights, embed, x)), runs)
 
 

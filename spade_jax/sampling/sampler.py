@@ -96,9 +96,16 @@ def fused_decode_weights(model: Transformer) -> dict:
             "unembedding": weight.T if vocab_major else weight}
 
 
+def _decode_weights(model: Transformer, fused: dict | None):
+    """(per-layer weights, logits function): from the fused copy, or the model's own layout."""
+    if fused is None:
+        return model.layer_params(), model.logits
+    return fused["layers"], partial(vocab_logits, weight=fused["unembedding"], vocab_major=False)
+
+
 def _extend(graphdef, state, fused, cache, kv_mask, tokens, token_mask, positions, index):
     model = nnx.merge(graphdef, state)
-    layer_params = fused["layers"] if fused is not None else model.layer_params()
+    layer_params, _ = _decode_weights(model, fused)
     kv_mask = jax.lax.dynamic_update_slice(kv_mask, token_mask, (0, index))
     _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_mask, cache, index)
     return cache, kv_mask
@@ -108,7 +115,7 @@ def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, l
             max_steps, stop_ids, temperature, top_k, top_p, seed, row_ids, *, max_top_k):
     """At most `max_steps` decode steps; the token buffers are as long as the window."""
     model = nnx.merge(graphdef, state)
-    layer_params = fused["layers"] if fused is not None else model.layer_params()
+    layer_params, logits_of = _decode_weights(model, fused)
     batch, window = kv_mask.shape
     max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
@@ -130,8 +137,7 @@ def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, l
         hidden, cache = unrolled_forward(
             model, layer_params, pending[:, None], positions[:, None], kv_mask, cache, slot
         )
-        logits = (vocab_logits(hidden[:, 0], fused["unembedding"], vocab_major=False)
-                  if fused is not None else model.logits(hidden[:, 0]))
+        logits = logits_of(hidden[:, 0])
         keys = row_keys(seed, row_ids, positions + 1)
         token, logp, sampling_logp = select_tokens(
             logits, keys, temperature=temperature, top_k=top_k, top_p=top_p, max_top_k=max_top_k
