@@ -6,6 +6,7 @@ names used by dunder escapes (`().__class__.__base__.__subclasses__()`, `f.__glo
 """
 
 import ast
+import threading
 
 ALLOWED_IMPORTS = frozenset({
     "__future__", "abc", "array", "bisect", "cmath", "collections", "copy", "dataclasses",
@@ -25,6 +26,18 @@ BANNED_ATTRIBUTES = frozenset({
     "cr_frame", "co_code", "ag_frame",
 })
 BANNED_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__import__"})
+
+# CPython 3.11 keeps ast.parse's recursion counter in interpreter-wide state: two threads
+# building ASTs at once can corrupt it, and a parse fails with "SystemError: AST constructor
+# recursion depth mismatch" (python/cpython#106905). Every parse of ours goes through one lock,
+# re-entrant because a finalizer that runs mid-parse may parse too.
+_PARSE_LOCK = threading.RLock()
+
+
+def parse_source(code: str, mode: str = "exec") -> ast.AST:
+    """`ast.parse`, safe to call from several threads at once (see _PARSE_LOCK)."""
+    with _PARSE_LOCK:
+        return ast.parse(code, mode=mode)
 
 
 def lint(tree: ast.AST) -> list[str]:

@@ -22,7 +22,7 @@ from spade_jax.envs.contract import (
     solution_actions,
     step_problem,
 )
-from spade_jax.envs.lint import lint
+from spade_jax.envs.lint import lint, parse_source
 from spade_jax.envs.sandbox import EnvPool, SandboxConfig
 
 PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
@@ -111,7 +111,7 @@ def _expect(pool: EnvPool, handle: int, check: str, method: str, *args, **kwargs
 
 def _check_static(code: str) -> None:
     try:
-        tree = ast.parse(code)
+        tree = parse_source(code)
     except SyntaxError as exc:
         raise _Reject("V1", f"syntax error at line {exc.lineno}: {exc.msg}") from None
     problems = lint(tree)

@@ -11,13 +11,14 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
+from spade_jax.envs.lint import parse_source
 from spade_jax.eval.tasks import EvalTask
 
 
 def env_class_name(code: str, origin: str = "<code>") -> str:
     """The single top-level class whose name ends in "Env"; ValueError naming `origin` else."""
     try:
-        tree = ast.parse(code)
+        tree = parse_source(code)
     except SyntaxError as error:
         raise ValueError(f"{origin}: does not parse: {error}") from error
     names = [

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from spade_jax.envs.lint import parse_source
 from spade_jax.eval import report
 from spade_jax.eval.games import named_game_tasks
 from spade_jax.eval.suites import build_eval_tasks
@@ -103,7 +104,7 @@ def fixed_subset(tasks: Sequence[EvalTask], limit: int | None) -> list[EvalTask]
 
 def defines_hint(code: str) -> bool:
     """Whether the environment's `*Env` class defines its own `hint()` method."""
-    for node in ast.parse(code).body:
+    for node in parse_source(code).body:
         if isinstance(node, ast.ClassDef) and node.name.endswith("Env"):
             return any(isinstance(item, ast.FunctionDef) and item.name == "hint"
                        for item in node.body)

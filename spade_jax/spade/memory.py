@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from spade_jax.envs.lint import parse_source
 from spade_jax.errors import SpadeError
 
 MEMORY_FILENAME = "memory.json"
@@ -63,7 +64,7 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def _normalised_tree(code: str) -> ast.AST:
     try:
-        tree = ast.parse(code)
+        tree = parse_source(code)
     except SyntaxError as error:
         raise ValueError(f"environment code does not parse: {error}") from error
     return _strip_docstrings(tree)

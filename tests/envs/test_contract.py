@@ -1,9 +1,12 @@
 """Contract helpers: code extraction, solution scripts, leak checks, lint, seccomp program."""
 
 import ast
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from spade_jax.envs import extract_code, hint_leaks, solution_actions
-from spade_jax.envs.lint import lint
+from spade_jax.envs.lint import lint, parse_source
 from spade_jax.envs.sandbox.isolation import Layers, SandboxConfig, SandboxUnavailable, check_policy
 from spade_jax.envs.sandbox.seccomp_filter import build_program
 
@@ -21,6 +24,29 @@ def test_solution_actions():
     blocks = '<tool_call>{"name": "f"}</tool_call> x <answer>42</answer>'
     assert solution_actions(blocks) == ['<tool_call>{"name": "f"}</tool_call>', "<answer>42</answer>"]  # noqa: E501
     assert solution_actions(" left ") == ["\\boxed{left}"]
+
+
+def test_parse_source_never_runs_two_parses_at_once(monkeypatch):
+    """CPython 3.11's ast.parse corrupts its shared recursion counter when two threads parse at
+    once (CI failed with "AST constructor recursion depth mismatch"); parse_source serialises."""
+    real_parse, guard = ast.parse, threading.Lock()
+    inside, peak = [0], [0]
+
+    def slow_parse(source, *args, **kwargs):
+        with guard:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        time.sleep(0.01)  # releases the GIL: an unserialised caller would overlap here
+        with guard:
+            inside[0] -= 1
+        return real_parse(source, *args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", slow_parse)
+    with ThreadPoolExecutor(4) as pool:
+        trees = list(pool.map(lambda i: parse_source(f"x = {i}"), range(16)))
+    assert peak[0] == 1
+    assert [tree.body[0].value.value for tree in trees] == list(range(16))
+    assert isinstance(parse_source("f(1)", mode="eval"), ast.Expression)
 
 
 def test_hint_leaks():
