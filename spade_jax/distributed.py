@@ -8,9 +8,9 @@ the whole host loop on the same host data (same seeds, same gathered tokens), so
 make the same decisions and feed the same batches to the device. The Agent's episodes are the
 exception: each host runs the environments of its own rows in its own sandbox pool and the hosts
 exchange the results (`allgather_json`, `spade.envrunner.ShardedEnvRunner`), so environment
-execution scales with the number of hosts. (The validation gate still runs on every host.) Only
-process 0 writes host files (memory, env files, metrics); every process takes part in
-checkpointing.
+execution scales with the number of hosts; the validation gate divides the Designer's candidates
+among the hosts the same way (`map_over_processes`). Only process 0 writes host files (memory,
+env files, metrics); every process takes part in checkpointing.
 
 Crossing the host/device boundary with global arrays:
   - host -> device: `jax.device_put(numpy_value, sharding)`; with identical host data on every
@@ -27,6 +27,8 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -104,6 +106,36 @@ def allgather_json(value) -> list:
     padded[:data.size] = data
     rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
     return [json.loads(row[:n].tobytes().decode()) for row, n in zip(rows, sizes, strict=True)]
+
+
+def merge_across_processes(mine: dict[int, Any], gather=allgather_json) -> dict[int, Any]:
+    """The union of every process's `mine` (JSON values keyed by a run-wide integer index).
+
+    How a process learns the results of the work the other processes did (each index is owned
+    by exactly one process). `gather` stands in for `allgather_json` in tests.
+    """
+    merged: dict[int, Any] = {}
+    for part in gather({str(k): v for k, v in mine.items()}):
+        merged.update({int(k): v for k, v in part.items()})
+    return merged
+
+
+def map_over_processes(fn: Callable[[Any], Any], items: Sequence, *, encode: Callable,
+                       decode: Callable, process_index: int | None = None,
+                       process_count: int | None = None, gather=allgather_json) -> list:
+    """`[fn(x) for x in items]`, with item i computed only by process i % process_count.
+
+    For host work the replicated host loop needs on every process but that need only run once,
+    such as validating the Designer's candidates. Results travel as JSON (`encode` to it,
+    `decode` back), so every process returns the same list. One process: a plain map.
+    """
+    index = jax.process_index() if process_index is None else process_index
+    count = jax.process_count() if process_count is None else process_count
+    if count == 1:
+        return [fn(x) for x in items]
+    mine = {i: encode(fn(items[i])) for i in range(index, len(items), count)}
+    merged = merge_across_processes(mine, gather)
+    return [decode(merged[i]) for i in range(len(items))]
 
 
 def assert_same_on_all_processes(arrays: dict[str, np.ndarray], what: str) -> None:

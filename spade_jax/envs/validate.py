@@ -43,6 +43,15 @@ class ValidationReport:
     code: str | None = None
     env_class: str = ""
 
+    def to_json(self) -> dict:
+        """A JSON-ready dict (how hosts share the reports of the candidates each validated)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ValidationReport":
+        """The report `to_json` encoded."""
+        return cls(**{**data, "failures": [tuple(f) for f in data["failures"]]})
+
 
 class _Reject(Exception):
     def __init__(self, check: str, message: str):

@@ -63,15 +63,16 @@ def design_environments(
     cycle: int,
     build_prompt: Callable[[int, str, int], tuple[Messages, str | None]],
     generate: Callable[[list[Messages]], list[Any]],
-    validate: Callable[[str], Any],
+    validate_many: Callable[[list[str]], list[Any]],
     max_attempts: int,
 ) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
     """Fill one slot per entry of `skills`, retrying invalid designs.
 
     `build_prompt(slot, skill, attempt)` returns the chat messages and the grounding document id;
     `generate(messages_list)` returns one completion per prompt (batched on device);
-    `validate(text)` returns a validation report with `.ok` and `.code`. Returns every attempt
-    and the admitted environments (at most one per slot).
+    `validate_many(texts)` returns one validation report (`.ok`, `.code`) per text (divided
+    among the hosts by the runtime). Returns every attempt and the admitted environments (at
+    most one per slot).
     """
     attempts: list[DesignAttempt] = []
     admitted: list[DesignedEnv] = []
@@ -81,9 +82,7 @@ def design_environments(
             break
         prompts = [build_prompt(slot, skills[slot], attempt_no) for slot in pending]
         completions = generate([messages for messages, _ in prompts])
-        # One at a time: the validation pool is not thread-safe, and each validation already
-        # runs its environment calls in sandbox worker processes.
-        reports = [validate(c.text) for c in completions]
+        reports = validate_many([c.text for c in completions])
         still_pending = []
         for slot, (messages, doc_id), completion, report in zip(
             pending, prompts, completions, reports, strict=True

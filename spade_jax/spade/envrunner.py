@@ -3,8 +3,9 @@
 A thin adapter from `EpisodeSpec`s to `spade_jax.envs.EnvPool`. It owns one decision the
 rollout should not care about: which hint an episode actually sees. `ENV_HINT` asks the
 environment's own `hint()` for the episode's seed (hint mode `designer`); any other text is
-used as given (mode `self`). In both cases a hint that contains the episode's `solution()` is
-dropped (and counted), so a leaking hint can never inflate regret.
+used as given (mode `self`). In both cases `hints.resolve_hint` drops a hint that is empty or
+contains the episode's `solution()`, so a leaking hint can never inflate regret; the reason is
+returned with the episode's start (`EpisodeStart.hint_status`) and counted by the loop.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from spade_jax.distributed import allgather_json
-from spade_jax.envs import EnvPool, StepResult, hint_leaks
-from spade_jax.spade.hints import clean_hint
+from spade_jax.distributed import allgather_json, merge_across_processes
+from spade_jax.envs import EnvPool, StepResult
+from spade_jax.spade.hints import resolve_hint
 
 ENV_HINT = "\x00env-hint\x00"
 
@@ -29,6 +30,7 @@ class EpisodeStart:
     observation: str
     hint: str | None
     error: str = ""
+    hint_status: str = ""  # "" no hint asked (or no start), else resolve_hint's ok | empty | leak
 
 
 class SandboxEnvRunner:
@@ -37,7 +39,6 @@ class SandboxEnvRunner:
     def __init__(self, pool: EnvPool, max_turns: int):
         self.pool = pool
         self.max_turns = max_turns
-        self.leaked_hints = 0
 
     def reset_many(self, specs: Sequence) -> list[EpisodeStart]:
         by_turns: dict[int, list[int]] = {}
@@ -51,25 +52,24 @@ class SandboxEnvRunner:
                 results[i] = result
         starts = []
         for spec, result in zip(specs, results, strict=True):
-            hint = self._resolve_hint(result.handle, spec.hint) if (result.ok and spec.hint) \
-                else None
+            hint, status = self._resolve_hint(result.handle, spec.hint) \
+                if (result.ok and spec.hint) else (None, "")
             starts.append(EpisodeStart(result.handle, result.ok, result.status,
-                                       result.observation, hint, result.error))
+                                       result.observation, hint, result.error, status))
         return starts
 
-    def _resolve_hint(self, handle: int, requested: str) -> str | None:
+    def _resolve_hint(self, handle: int, requested: str) -> tuple[str | None, str]:
+        """(hint shown, resolve_hint's reason) for a hint asked of this episode."""
+        mode, text = "self", requested
         if requested == ENV_HINT:
             answer = self.pool.call(handle, "hint")
-            requested = clean_hint(answer.value) if answer.ok and isinstance(answer.value, str) \
-                else None
-            if not requested:
-                return None
+            mode, text = "designer", answer.value if answer.ok else None
+        if not isinstance(text, str) or not text.strip():
+            return None, "empty"
         solution = self.pool.call(handle, "solution")
-        if solution.ok and isinstance(solution.value, str) and hint_leaks(requested,
-                                                                           solution.value):
-            self.leaked_hints += 1
-            return None
-        return requested
+        known = solution.value if solution.ok and isinstance(solution.value, str) else None
+        result = resolve_hint(mode, text, known)
+        return result.hint, result.reason
 
     def step_many(self, handles_and_actions):
         return self.pool.step_many(list(handles_and_actions))
@@ -98,16 +98,6 @@ class ShardedEnvRunner:
         self._local_handles: dict[int, int] = {}  # episode number -> handle in our pool
         self._episodes = 0
 
-    @property
-    def leaked_hints(self) -> int:
-        return self.local.leaked_hints
-
-    def _merge(self, mine: dict[int, dict]) -> dict[int, dict]:
-        merged: dict[int, dict] = {}
-        for part in self.gather({str(k): v for k, v in mine.items()}):
-            merged.update({int(k): v for k, v in part.items()})
-        return merged
-
     def reset_many(self, specs: Sequence) -> list[EpisodeStart]:
         numbers = list(range(self._episodes, self._episodes + len(specs)))
         self._episodes += len(specs)
@@ -117,15 +107,16 @@ class ShardedEnvRunner:
         for i, start in zip(own, started, strict=True):
             self._local_handles[numbers[i]] = start.handle
             mine[numbers[i]] = dataclasses.asdict(dataclasses.replace(start, handle=numbers[i]))
-        merged = self._merge(mine)
+        merged = merge_across_processes(mine, self.gather)
         return [EpisodeStart(**merged[n]) for n in numbers]
 
     def step_many(self, handles_and_actions) -> list[StepResult]:
         pairs = list(handles_and_actions)
         own = [(n, a) for n, a in pairs if n in self._local_handles]
         results = self.local.step_many([(self._local_handles[n], a) for n, a in own])
-        merged = self._merge({n: dataclasses.asdict(dataclasses.replace(r, handle=n))
-                              for (n, _), r in zip(own, results, strict=True)})
+        mine = {n: dataclasses.asdict(dataclasses.replace(r, handle=n))
+                for (n, _), r in zip(own, results, strict=True)}
+        merged = merge_across_processes(mine, self.gather)
         return [StepResult(**merged[n]) for n, _ in pairs]
 
     def close_many(self, handles) -> None:

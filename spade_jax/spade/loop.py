@@ -133,7 +133,7 @@ def run_designer(
 
     attempts, admitted = design_environments(
         slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,
-        validate=rt.validate, max_attempts=s.max_attempts)
+        validate_many=rt.validate_many, max_attempts=s.max_attempts)
     admitted = [e for e in admitted if not state.memory.contains_hash_of(e.code)]
     write_hints(rt, cfg, admitted, rng)
     return attempts, admitted
@@ -329,7 +329,7 @@ def validation_metrics(attempts: list[DesignAttempt]) -> dict[str, float]:
 
 
 def play_metrics(stats, plays, groups, n_designer, n_agent) -> dict[str, float]:
-    """Regret, hint / no-hint returns, and sample counts of a cycle."""
+    """Regret, hint / no-hint returns, how many hint plays got their hint, sample counts."""
     out: dict[str, float] = {"samples/designer": n_designer, "samples/agent": n_agent,
                              "envs/played": len(stats)}
     if stats:
@@ -348,6 +348,11 @@ def play_metrics(stats, plays, groups, n_designer, n_agent) -> dict[str, float]:
         eps = [e for p in plays for e in p]
         out["agent/generated_tokens"] = float(sum(e.generated_tokens for e in eps))
         out["agent/turns_mean"] = float(np.mean([e.turns for e in eps]))
+        # the hint plays (second half of each env's plays, see play_pool): a play shown no hint
+        # (none written, empty, or dropped for containing the solution) cannot earn regret
+        hinted = [e for p in plays for e in p[len(p) // 2:]]
+        out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))
+        out["hints/leaked"] = float(sum(e.hint_status == "leak" for e in hinted))
     return out
 
 

@@ -49,6 +49,7 @@ class Episode:
     turns: int
     generated_tokens: int
     hint: str | None = None  # the hint this episode was shown (after the env runner's checks)
+    hint_status: str = ""  # why: "" none asked, else ok | empty | leak (EpisodeStart.hint_status)
 
     @property
     def failed(self) -> bool:
@@ -191,6 +192,7 @@ def play_episodes(
                 loss_mask=np.asarray(session.loss_masks[i], bool),
                 old_logp=np.asarray(session.logprobs[i], np.float32),
                 rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
-                turns=turns[i], generated_tokens=generated[i], hint=starts[i].hint)
+                turns=turns[i], generated_tokens=generated[i], hint=starts[i].hint,
+                hint_status=starts[i].hint_status)
         for i in range(n)
     ]

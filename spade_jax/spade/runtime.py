@@ -3,7 +3,7 @@
 
     rt = Runtime.create(cfg)
     rt.generate(messages_list, ...)   # one-shot generation (Designer code, self hints)
-    rt.validate(text)                 # the validation gate, in the sandbox
+    rt.validate_many(texts)           # the validation gate, in the sandbox
     rt.play(specs, seed=...)          # multi-turn Agent episodes on a live KV cache
     rt.train(samples)                 # one policy-gradient step on the shared weights
 """
@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from spade_jax import config as config_lib
-from spade_jax.distributed import assert_same_on_all_processes, to_host
-from spade_jax.envs import EnvPool, SandboxConfig, validate
+from spade_jax.distributed import assert_same_on_all_processes, map_over_processes, to_host
+from spade_jax.envs import EnvPool, SandboxConfig, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
@@ -122,9 +122,19 @@ class Runtime:
         return [Completion(self.tokenizer.decode(o.tokens, skip_special_tokens=True),
                            o.tokens, o.logprobs, o.finish_reason) for o in outputs]
 
-    def validate(self, text: str):
+    def validate(self, text: str) -> ValidationReport:
+        """The validation gate on one Designer response, in this process's sandbox."""
         with self.timer.phase("env"):
             return validate(text, max_turns=self.cfg.spade.max_turns, pool=self.validation_pool)
+
+    def validate_many(self, texts: list[str]) -> list[ValidationReport]:
+        """`validate` of every response, each run by one process and shared with all.
+
+        Besides dividing the work, this keeps the hosts' decisions identical: the gate's
+        liveness check has a time budget, so two hosts validating the same code could differ.
+        """
+        return map_over_processes(self.validate, texts, encode=ValidationReport.to_json,
+                                  decode=ValidationReport.from_json)
 
     def play(self, specs: list[EpisodeSpec], *, seed: int):
         s, smp = self.cfg.spade, self.cfg.sampling

@@ -33,7 +33,7 @@ def test_invalid_designs_are_retried_with_fresh_prompts_and_all_attempts_kept():
 
     attempts, admitted = design_environments(
         ["A", "B", "C"], cycle=7, build_prompt=build_prompt, generate=generate,
-        validate=validate, max_attempts=3)
+        validate_many=lambda texts: [validate(t) for t in texts], max_attempts=3)
     assert prompts_seen == [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (2, 2)]
     assert len(attempts) == 6 and sum(a.valid for a in attempts) == 2
     assert [(e.skill, e.doc_id) for e in admitted] == [("A", "doc0-0"), ("B", "doc1-1")]

@@ -6,40 +6,46 @@ one `SandboxEnvRunner` returns for the whole batch, while each pool only ever he
 The same runner across real processes (gloo) is exercised by tests/scaleout/test_two_process.py.
 """
 
-import json
-import threading
+import random
 
 from spade_jax.envs import EnvPool
-from spade_jax.spade.envrunner import SandboxEnvRunner, ShardedEnvRunner
+from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunner
 from spade_jax.spade.rollout import EpisodeSpec
 from tests.envs.conftest import TEST_CONFIG, case
+from tests.exchange import run_as_processes
 
 CODE = case("good_guess")
-SPECS = [EpisodeSpec("guess", CODE, seed) for seed in range(5)]
+
+def target(seed: int) -> int:
+    """The hidden number of good_guess for `seed` (its reset: random.seed, randint(10, 999))."""
+    random.seed(seed)
+    return random.randint(10, 999)
+
+
+HINTED = [EpisodeSpec("guess", CODE, 0, hint=f"The number is {target(0)}."),  # leaks: dropped
+          EpisodeSpec("guess", CODE, 1, hint="Start in the middle."),
+          EpisodeSpec("guess", CODE, 2, hint=ENV_HINT)]  # good_guess has no hint()
+SPECS = [EpisodeSpec("guess", CODE, seed) for seed in range(5)] + HINTED
 GUESSES = ["\\boxed{500}", "nonsense", "\\boxed{250}"]
 
 
-class Exchange:
-    """allgather_json between threads: every rank gets every rank's value, in rank order."""
+def target(seed: int) -> int:
+    """The hidden number of good_guess for `seed` (its reset: random.seed, randint(10, 999))."""
+    random.seed(seed)
+    return random.randint(10, 999)
 
-    def __init__(self, ranks: int):
-        self.barrier = threading.Barrier(ranks, timeout=60)
-        self.slots = [None] * ranks
 
-    def gather_for(self, rank: int):
-        def gather(value):
-            self.slots[rank] = json.loads(json.dumps(value))
-            self.barrier.wait()
-            values = list(self.slots)
-            self.barrier.wait()
-            return values
-        return gather
+HINTED = [EpisodeSpec("guess", CODE, 0, hint=f"The number is {target(0)}."),  # leaks: dropped
+          EpisodeSpec("guess", CODE, 1, hint="Start in the middle."),
+          EpisodeSpec("guess", CODE, 2, hint=ENV_HINT)]  # good_guess has no hint()
+SPECS = [EpisodeSpec("guess", CODE, seed) for seed in range(5)] + HINTED
+GUESSES = ["\\boxed{500}", "nonsense", "\\boxed{250}"]
 
 
 def play(runner, record=None):
     """Reset every spec, step all live episodes with the same guesses, close; what was seen."""
     starts = runner.reset_many(SPECS)
-    seen = [[(s.ok, s.status, s.observation, s.hint) for s in starts]]
+    seen = [[(s.ok, s.status, s.observation, s.hint, s.hint_status) for s in starts]]
     handles = [s.handle for s in starts]
     for guess in GUESSES:
         results = runner.step_many([(h, guess) for h in handles])
@@ -54,32 +60,25 @@ def play(runner, record=None):
 def test_two_hosts_see_what_one_host_sees_while_each_runs_only_its_rows():
     with EnvPool(TEST_CONFIG, warm=2, max_turns=10) as pool:
         want = play(SandboxEnvRunner(pool, 10))
+    assert [start[3:] for start in want[0]] == [(None, "")] * 5 + [
+        (None, "leak"), ("Start in the middle.", "ok"), (None, "empty")]
 
-    exchange, seen, live = Exchange(2), [None, None], [[], []]
     pools = [EnvPool(TEST_CONFIG, warm=2, max_turns=10) for _ in range(2)]
-    runners = [ShardedEnvRunner(SandboxEnvRunner(pools[r], 10), r, 2,
-                                gather=exchange.gather_for(r)) for r in range(2)]
-    errors = []
+    runners = [None, None]
 
-    def host(rank):
-        try:
-            seen[rank] = play(runners[rank], live[rank])
-        except Exception as err:  # surfaced below, with the other thread released
-            errors.append(err)
-            exchange.barrier.abort()
+    def host(rank, gather):
+        runners[rank] = ShardedEnvRunner(SandboxEnvRunner(pools[rank], 10), rank, 2, gather=gather)
+        live = []
+        return play(runners[rank], live), live
 
-    threads = [threading.Thread(target=host, args=(r,)) for r in range(2)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        (seen0, live0), (seen1, live1) = run_as_processes(2, host)
     finally:
         for p in pools:
             p.shutdown()
-    assert not errors, errors
+    seen, live = [seen0, seen1], [live0, live1]
     assert seen[0] == seen[1] == want
-    # rows 0, 2, 4 live on host 0 and rows 1, 3 on host 1, for as long as they are open
-    assert live == [[3] * len(GUESSES), [2] * len(GUESSES)]
+    # even rows live on host 0 and odd rows on host 1, for as long as they are open
+    assert live == [[4] * len(GUESSES), [4] * len(GUESSES)]
     assert all(not r._local_handles for r in runners)  # every episode closed by its owner
 
