@@ -101,15 +101,27 @@ def _attention_block_backward(residuals, d_out):
 _attention_block.defvjp(_attention_block_forward, _attention_block_backward)
 
 
+CAUSAL_BLOCKS = 8  # at most this many causal query blocks per layer (each is its own program)
+CAUSAL_MIN_BLOCK = 64  # smaller blocks cost more in matmul efficiency than their skipped keys
+
+
 def attention(
     q: jax.Array, k_t: jax.Array, v: jax.Array, mask: jax.Array,
-    query_chunk: int = ATTENTION_QUERY_CHUNK,
+    query_chunk: int = ATTENTION_QUERY_CHUNK, *, causal: bool = False,
 ) -> jax.Array:
     """Grouped-query attention without repeating KV heads.
 
     q: [B, T, H, Dh]; k_t: [B, K, Dh, S] (keys transposed) and v: [B, K, S, Dh] (the KV-cache
     layout) with H a multiple of K; mask: [B, T, S] bool (True = may attend). Returns
-    [B, T, H, Dh]. Long query blocks are processed `query_chunk` queries at a time (each chunk
+    [B, T, H, Dh].
+    `causal=True` promises that S == T and that `mask` hides every key after its query (the
+    no-cache training forward). The queries are then taken in up to `CAUSAL_BLOCKS` blocks,
+    each against only the keys up to its last query, which skips the masked upper triangle.
+    For SmolLM2 on 2 CPU cores one layer's attention forward + backward at 8 x 256 tokens
+    measured 62-74 ms over all keys and 34-41 ms in four causal blocks; the whole PPO step at
+    1 x 2048 tokens took 28.1 s over all keys and 22.0 s in eight blocks (8 x 256: 13.9 vs
+    13.5 s, within run-to-run noise).
+    Long query blocks are processed `query_chunk` queries at a time (each chunk
     rematerialised in the backward pass), so the float32 score matrix held at once is
     [B, H, chunk, S] instead of [B, H, T, S]: exact, and the difference between minutes and
     seconds for a 4k-token CPU prefill and between GiB and TiB at 32k.
@@ -119,20 +131,37 @@ def attention(
     batch, q_len, n_heads, head_dim = q.shape
     n_kv = k_t.shape[1]
     q = q.reshape(batch, q_len, n_kv, n_heads // n_kv, head_dim).transpose(0, 2, 3, 1, 4)
-    if q_len <= query_chunk:
-        out = _attention_block(q, k_t, v, mask)
+    if causal and q_len != k_t.shape[-1]:
+        raise ValueError(f"causal attention needs as many keys as queries, got {k_t.shape[-1]} "
+                         f"keys for {q_len} queries")
+    if causal:
+        block = max(CAUSAL_MIN_BLOCK, -(-q_len // CAUSAL_BLOCKS))
+        outs = []
+        for start in range(0, q_len, block):
+            end = min(start + block, q_len)  # the block's last query sees keys [0, end)
+            outs.append(_chunked_attention(q[:, :, :, start:end], k_t[..., :end],
+                                           v[:, :, :end], mask[:, start:end, :end], query_chunk))
+        out = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
     else:
-        n_chunks = -(-q_len // query_chunk)
-        pad = n_chunks * query_chunk - q_len
-        q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-        mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
-        q_chunks = jnp.moveaxis(q.reshape(*q.shape[:3], n_chunks, query_chunk, head_dim), 3, 0)
-        m_chunks = jnp.moveaxis(mask.reshape(batch, n_chunks, query_chunk, -1), 1, 0)
-        block = jax.checkpoint(lambda qm: _attention_block(qm[0], k_t, v, qm[1]))
-        out = jax.lax.map(block, (q_chunks, m_chunks))  # [n_chunks, B, K, G, C, Dh]
-        out = jnp.moveaxis(out, 0, 3).reshape(*q.shape[:3], n_chunks * query_chunk, head_dim)
-        out = out[:, :, :, :q_len]
+        out = _chunked_attention(q, k_t, v, mask, query_chunk)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, n_heads, head_dim)
+
+
+def _chunked_attention(q, k_t, v, mask, query_chunk):
+    """`_attention_block` over q [B, K, G, C, Dh], `query_chunk` queries at a time."""
+    q_len, head_dim = q.shape[3], q.shape[4]
+    if q_len <= query_chunk:
+        return _attention_block(q, k_t, v, mask)
+    n_chunks = -(-q_len // query_chunk)
+    pad = n_chunks * query_chunk - q_len
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+    q_chunks = jnp.moveaxis(q.reshape(*q.shape[:3], n_chunks, query_chunk, head_dim), 3, 0)
+    m_chunks = jnp.moveaxis(mask.reshape(mask.shape[0], n_chunks, query_chunk, -1), 1, 0)
+    block = jax.checkpoint(lambda qm: _attention_block(qm[0], k_t, v, qm[1]))
+    out = jax.lax.map(block, (q_chunks, m_chunks))  # [n_chunks, B, K, G, C, Dh]
+    out = jnp.moveaxis(out, 0, 3).reshape(*q.shape[:3], n_chunks * query_chunk, head_dim)
+    return out[:, :, :, :q_len]
 
 
 @jax.custom_vjp

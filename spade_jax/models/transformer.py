@@ -167,7 +167,9 @@ def decoder_block(
     transposed so that every attention product reads them in its natural layout — the new
     keys/values are written at `cache_index` and attention runs over all the slots of that
     cache (callers size it to the live window); the returned pair is the updated cache.
-    Without a cache it is this block's keys/values in the same layout. Projections are plain
+    Without a cache it is this block's keys/values in the same layout, and `mask` must be the
+    causal `attention_mask(kv_mask, T, 0)` (attention then skips the keys after each query
+    block, see `layers.attention`). Projections are plain
     2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast): XLA-CPU runs multi-axis
     einsums several times slower.
     `params` may hold fused `wqkv` / `w_gate_up` matrices (see
@@ -194,7 +196,8 @@ def decoder_block(
                                                 cache_index, 3)
         v = jax.lax.dynamic_update_slice_in_dim(layer_cache[1], v.astype(layer_cache[1].dtype),
                                                 cache_index, 2)
-    attn = layers.attention(q, k.astype(x.dtype), v.astype(x.dtype), mask)
+    attn = layers.attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
+                            causal=layer_cache is None)
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
     if cfg.is_moe:

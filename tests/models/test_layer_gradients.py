@@ -43,9 +43,13 @@ def test_swiglu_backward_equals_autodiff():
     _close(vjp(cotangent), expected_vjp(cotangent))
 
 
-@pytest.mark.parametrize("query_chunk", [512, 4])  # one block, and query-chunked blocks
-def test_attention_backward_equals_autodiff(query_chunk):
+@pytest.mark.parametrize(("query_chunk", "causal_blocks"), [
+    (512, False), (4, False),  # one block, and query-chunked blocks
+    (512, True), (2, True),  # causal blocks of 3 queries (the last one 3 too), chunked inside
+])
+def test_attention_backward_equals_autodiff(query_chunk, causal_blocks, monkeypatch):
     """Causal attention over left-padded rows, including fully masked (padding) query rows."""
+    monkeypatch.setattr(layers, "CAUSAL_MIN_BLOCK", 3)
     keys = jax.random.split(jax.random.key(1), 4)
     batch, length, n_heads, n_kv, head_dim = 2, 9, 6, 2, 8
     q = jax.random.normal(keys[0], (batch, length, n_heads, head_dim))
@@ -56,9 +60,17 @@ def test_attention_backward_equals_autodiff(query_chunk):
     mask = causal[None] & real[:, None, :]
     assert not bool(mask[1, 0].any())  # a query row that sees nothing
     cotangent = jax.random.normal(keys[3], q.shape)
-    ours = lambda q, k_t, v: layers.attention(q, k_t, v, mask, query_chunk)  # noqa: E731
+    if causal_blocks:
+        # A query that sees no key has no defined output (uniform weights over whichever keys
+        # its block holds); in training such rows are padding and get no gradient.
+        sees = mask.any(-1)[:, :, None, None]
+        cotangent = jnp.where(sees, cotangent, 0.0)
+    else:
+        sees = jnp.ones((batch, length, 1, 1), bool)
+    ours = lambda q, k_t, v: layers.attention(q, k_t, v, mask, query_chunk,  # noqa: E731
+                                              causal=causal_blocks)
     plain = lambda q, k_t, v: _plain_attention(q, k_t, v, mask)  # noqa: E731
     out, vjp = jax.vjp(ours, q, k_t, v)
     expected_out, expected_vjp = jax.vjp(plain, q, k_t, v)
-    _close(out, expected_out)
+    _close(jnp.where(sees, out, 0.0), jnp.where(sees, expected_out, 0.0))
     _close(vjp(cotangent), expected_vjp(cotangent))

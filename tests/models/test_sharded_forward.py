@@ -63,6 +63,14 @@ def test_query_chunked_attention_is_exact_in_value_and_gradient():
     grad_full = jax.grad(lambda q: full(q).sum())(q)
     grad_chunked = jax.grad(lambda q: chunked(q).sum())(q)
     assert jnp.abs(grad_full - grad_chunked).max() < 1e-5
+    # causal blocks (64 queries, the last 44) skipping the keys after each block; chunked inside
+    for chunk in (4096, 16):
+        def blocked(q, chunk=chunk):
+            return layers.attention(q, k, v, mask, query_chunk=chunk, causal=True)
+        assert jnp.abs(full(q) - blocked(q)).max() < 1e-5
+        assert jnp.abs(grad_full - jax.grad(lambda q, f=blocked: f(q).sum())(q)).max() < 1e-5
+    with pytest.raises(ValueError, match="as many keys as queries"):
+        layers.attention(q[:, :10], k, v, mask[:, :10], causal=True)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
