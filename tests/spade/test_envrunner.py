@@ -16,18 +16,6 @@ from tests.exchange import run_as_processes
 
 CODE = case("good_guess")
 
-def target(seed: int) -> int:
-    """The hidden number of good_guess for `seed` (its reset: random.seed, randint(10, 999))."""
-    random.seed(seed)
-    return random.randint(10, 999)
-
-
-HINTED = [EpisodeSpec("guess", CODE, 0, hint=f"The number is {target(0)}."),  # leaks: dropped
-          EpisodeSpec("guess", CODE, 1, hint="Start in the middle."),
-          EpisodeSpec("guess", CODE, 2, hint=ENV_HINT)]  # good_guess has no hint()
-SPECS = [EpisodeSpec("guess", CODE, seed) for seed in range(5)] + HINTED
-GUESSES = ["\\boxed{500}", "nonsense", "\\boxed{250}"]
-
 
 def target(seed: int) -> int:
     """The hidden number of good_guess for `seed` (its reset: random.seed, randint(10, 999))."""
