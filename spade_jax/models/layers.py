@@ -101,7 +101,7 @@ def _attention_block_backward(residuals, d_out):
 _attention_block.defvjp(_attention_block_forward, _attention_block_backward)
 
 
-CAUSAL_BLOCKS = 8  # at most this many causal query blocks per layer (each is its own program)
+CAUSAL_BLOCKS = 8  # at most this many causal query blocks per layer (unrolled in its program)
 CAUSAL_MIN_BLOCK = 64  # smaller blocks cost more in matmul efficiency than their skipped keys
 
 
