@@ -131,10 +131,10 @@ def attention(
     batch, q_len, n_heads, head_dim = q.shape
     n_kv = k_t.shape[1]
     q = q.reshape(batch, q_len, n_kv, n_heads // n_kv, head_dim).transpose(0, 2, 3, 1, 4)
-    if causal and q_len != k_t.shape[-1]:
-        raise ValueError(f"causal attention needs as many keys as queries, got {k_t.shape[-1]} "
-                         f"keys for {q_len} queries")
     if causal:
+        if q_len != k_t.shape[-1]:
+            raise ValueError(f"causal attention needs as many keys as queries, got "
+                             f"{k_t.shape[-1]} keys for {q_len} queries")
         block = max(CAUSAL_MIN_BLOCK, -(-q_len // CAUSAL_BLOCKS))
         outs = []
         for start in range(0, q_len, block):
