@@ -11,30 +11,19 @@ Also printed, as context rather than a baseline: the "matmul bound", the step ti
 model's projection, MLP and unembedding matmuls, forward and backward (dX and dW), with the same
 shapes (no attention, norms, softmax, recomputation or optimizer), i.e. what XLA's CPU matrix
 products allow this step here; `pytorch s/step / bound s/step` is the ratio no f32 XLA step can
-beat on this machine.
+beat on this machine. Like the sampler's, it is timed under both of XLA:CPU's dot paths
+(`sampler.MATMUL_PATHS`) and the faster is reported (ours uses XLA's default, YNNPACK).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
-from sampler import gguf_path  # bench/sampler.py
+from sampler import fastest_matmul_path, gguf_path, timed  # bench/sampler.py
 
 
-def timed(fn, runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def matmul_bound(model, batch: int, seq: int, runs: int) -> float:
+def matmul_bound(model, batch: int, seq: int, runs: int) -> tuple[float, str]:
     """Seconds per forward + backward of the model's weight matmuls alone (see the module doc)."""
     import jax
     import jax.numpy as jnp
@@ -54,9 +43,9 @@ def matmul_bound(model, batch: int, seq: int, runs: int) -> float:
             x = x + (gate * up) @ p["w_down"]
         return jnp.sum(vocab_logits(x, embed, vocab_major))
 
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
     x = jnp.ones((batch * seq, model.cfg.d_model), embed.dtype)
-    return timed(lambda: jax.block_until_ready(grad(weights, embed, x)), runs)
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(weights, embed, x)
+    return fastest_matmul_path(lowered, (weights, embed, x), runs)
 
 
 def main() -> None:
@@ -109,14 +98,15 @@ def main() -> None:
         torch_opt.zero_grad()
 
     print(f"load average {os.getloadavg()[0]:.2f} (2 cores; other work skews the figures)")
-    bound_s = matmul_bound(policy.model, b, t, args.runs)  # before the step donates the weights
+    # before the step donates the weights
+    bound_s, bound_path = matmul_bound(policy.model, b, t, args.runs)
     ours_s = timed(ours, args.runs)
     hf_s = timed(baseline, args.runs)
     print(f"ours    {ours_s:7.2f} s/step  {b * t / ours_s:7.1f} tok/s")
     print(f"pytorch {hf_s:7.2f} s/step  {b * t / hf_s:7.1f} tok/s")
     print(f"ratio   {hf_s / ours_s:.2f}x   (load average {os.getloadavg()[0]:.2f})")
-    print(f"matmul bound {bound_s:7.2f} s/step: ours at {bound_s / ours_s:.0%} of it; "
-          f"no step above {hf_s / bound_s:.2f}x pytorch here")
+    print(f"matmul bound {bound_s:7.2f} s/step ({bound_path} dots): ours at "
+          f"{bound_s / ours_s:.0%} of it; no step above {hf_s / bound_s:.2f}x pytorch here")
 
 
 if __name__ == "__main__":
