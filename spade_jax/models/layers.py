@@ -141,7 +141,7 @@ def attention(
             end = min(start + block, q_len)  # the block's last query sees keys [0, end)
             outs.append(_chunked_attention(q[:, :, :, start:end], k_t[..., :end],
                                            v[:, :, :end], mask[:, start:end, :end], query_chunk))
-        out = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+        out = jnp.concatenate(outs, axis=3)
     else:
         out = _chunked_attention(q, k_t, v, mask, query_chunk)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, n_heads, head_dim)
