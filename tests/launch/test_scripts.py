@@ -1,4 +1,4 @@
-"""The launch scripts of launch/gcp and launch/gpu: shellcheck, required settings, dry runs.
+"""The shell scripts (launch/gcp, launch/gpu, install.sh, .ci/run): shellcheck, settings, dry runs.
 
 Nothing here needs gcloud, a TPU, SLURM or a GPU: the scripts print the commands they would
 run in --dry-run mode, and where a test runs them for real, gcloud / scontrol / srun / python
@@ -27,6 +27,7 @@ ALL_SCRIPTS = (
         GPU / s
         for s in ("common.sh", "train_single_node.sh", "submit_slurm.sh", "train_slurm.sbatch")
     ]
+    + [REPO / "launch" / "install.sh", REPO / ".ci" / "run"]
 )
 # Settings the scripts read from the environment; the tests start from none of them.
 SETTINGS = (
