@@ -19,7 +19,7 @@ fi
 PIP="python -m pip install -q --disable-pip-version-check"
 if [ "${1:-}" = "test" ]; then
   $PIP -e ".[test,eval]"
-  # bfcl-eval pins numpy 1.26 and API clients; its checker needs none of that (DESIGN.md §7).
+  # bfcl-eval pins numpy 1.26 and API clients; its checker needs none of that (docs/DESIGN.md §7).
   $PIP --no-deps bfcl-eval
 else
   $PIP -e .

@@ -1,4 +1,4 @@
-"""The environment contract (DESIGN.md §4.3) and the host-side helpers that check it.
+"""The environment contract (docs/DESIGN.md §4.3) and the host-side helpers that check it.
 
 An environment is Python source with exactly one top-level class whose name ends in `Env`:
 
@@ -103,7 +103,7 @@ def answer_leaks(text: str, solution: str) -> bool:
 
 
 def hint_leaks(hint: str, solution: str) -> bool:
-    """True when a hint gives the answer away, so it must be rejected (DESIGN §4.4 V5, §4.5)."""
+    """True when a hint gives the answer away, so it is rejected (docs/DESIGN.md §4.4 V5, §4.5)."""
     return answer_leaks(hint, solution)
 
 

@@ -1,7 +1,7 @@
 """ToolUseEnv: the base class of tool-use environments (stdlib only).
 
 Compatible with the reference's ``ToolUseBaseEnv`` (spade-rl/spade,
-``spade/core/envs/tool_use_base_env.py``; see DESIGN.md §4.3).
+``spade/core/envs/tool_use_base_env.py``; see docs/DESIGN.md §4.3).
 This module is injected verbatim into the sandbox worker's namespace, so it imports nothing
 outside the standard library and no other spade_jax module. Inside the sandbox the class is a
 global name (``ToolUseEnv``, alias ``ToolUseBaseEnv``); environment code subclasses it without an

@@ -1,4 +1,4 @@
-"""Validation gate V0-V7 for designer environments (DESIGN.md §4.4); every failure is named.
+"""Validation gate V0-V7 for designer environments (docs/DESIGN.md §4.4); every failure is named.
 
     report = validate(model_response_or_code, max_turns=25)
     report.ok, report.failures  # [(check, message)], e.g. [("V3", "step() returned ...")]

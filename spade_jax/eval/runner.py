@@ -1,4 +1,4 @@
-"""Play evaluation tasks with the training rollout and write their results (DESIGN §7).
+"""Play evaluation tasks with the training rollout and write their results (docs/DESIGN.md §7).
 
     tasks = build_tasks(["games", "reasoning_gym"], limit=5, games_max_turns=4)
     summary = evaluate(rt, tasks, "runs/eval1", max_new_tokens=256)

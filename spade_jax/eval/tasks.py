@@ -1,7 +1,7 @@
 """Evaluation tasks: environment code text plus the seed to play it with.
 
 Every benchmark item is an `EvalTask`: the source of an environment under our contract
-(DESIGN §4.3) that the sandbox loads exactly like a generated environment
+(docs/DESIGN.md §4.3) that the sandbox loads exactly like a generated environment
 (`spade_jax.envs.load_env(task.code, max_turns=task.max_turns)`), and the seed for `reset`. The env
 modules in this package (`*_env.py`) import only the standard library and the benchmark's own
 package, so their text runs in a sandbox worker even where `spade_jax` is not importable; the

@@ -1,4 +1,4 @@
-"""Agent advantages: per-environment z-score of the no-hint returns (DESIGN §4.7).
+"""Agent advantages: per-environment z-score of the no-hint returns (docs/DESIGN.md §4.7).
 
 ``A_{g,i} = (R_{g,i} - mean_g) / (std_g + 1e-8)`` over the K no-hint plays of environment g
 (reference ``normalize_rewards_per_game``, mode ``grpo``; population std, ddof=0). A group

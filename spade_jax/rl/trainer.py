@@ -34,7 +34,7 @@ _BATCH_AXES = ("data", "fsdp")
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimiser and loss settings (DESIGN §4.7 defaults)."""
+    """Optimiser and loss settings (docs/DESIGN.md §4.7 defaults)."""
 
     learning_rate: float = 1e-6
     b1: float = 0.9

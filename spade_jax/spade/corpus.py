@@ -1,4 +1,4 @@
-"""Grounding corpus for Designer prompts (DESIGN §3 and §4.1).
+"""Grounding corpus for Designer prompts (docs/DESIGN.md §3 and §4.1).
 
 A corpus spec string selects the source:
 

@@ -1,4 +1,4 @@
-"""Delayed Designer training: samples trained `spade.designer_delay` cycles late (DESIGN §4.6).
+"""Delayed Designer samples, trained `spade.designer_delay` cycles late (docs/DESIGN.md §4.6).
 
 With a delay of d cycles, a Designer sample written at regen cycle t waits until cycle t + d.
 Meanwhile the Agent keeps playing its environment (the pool lives `regen_interval` cycles, and

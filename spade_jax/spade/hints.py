@@ -1,4 +1,4 @@
-"""Privileged hints: obtain, clean, leak-check and inject them (DESIGN §4.5).
+"""Privileged hints: obtain, clean, leak-check and inject them (docs/DESIGN.md §4.5).
 
 Modes:
 

@@ -1,4 +1,4 @@
-"""One SPADE cycle, composed from small modules (DESIGN.md §4.1).
+"""One SPADE cycle, composed from small modules (docs/DESIGN.md §4.1).
 
     design (regen cycles) → hints → play K without / K with hint → regret and rewards →
     advantages → one policy-gradient step on Designer + Agent samples → memory
@@ -273,7 +273,7 @@ def designer_samples_for(
 ) -> tuple[list[TrainSample], np.ndarray]:
     """The due Designer samples with their advantages, and the raw rewards of all of them.
 
-    Rewards follow the variant, penalties, per-skill centring and role scale (DESIGN §4.6),
+    Rewards follow the variant, penalties, per-skill centring and role scale (docs/DESIGN.md §4.6),
     over each sample's delay window (only the regen cycle itself when the delay is 0).
     """
     s = cfg.spade

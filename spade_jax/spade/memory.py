@@ -1,4 +1,4 @@
-"""Environment memory: past environments with their play statistics (DESIGN §4.8).
+"""Environment memory: past environments with their play statistics (docs/DESIGN.md §4.8).
 
 The memory feeds the Designer prompt (2 high-regret positives and 1 negative of the target
 skill), refuses exact duplicates (same normalised AST), measures the novelty of each cycle's

@@ -1,4 +1,4 @@
-"""Prompts of both roles, as chat message lists (DESIGN §4.2; the template is applied elsewhere).
+"""Prompts of both roles, as chat message lists (docs/DESIGN.md §4.2; template applied elsewhere).
 
 Designer prompt, in the reference's order (our wording): role (system); optional
 ``<REFERENCE_DOCUMENT>`` with the grounding instruction; skill, description and difficulty;

@@ -1,4 +1,4 @@
-"""Hint regret, its standard error, win rates and the delayed-Designer helpers (DESIGN §4.6).
+"""Hint regret, its standard error, win rates and delayed-Designer helpers (docs/DESIGN.md §4.6).
 
 ``regret = mean(R_hint) - mean(R_nohint)`` with matched timing: both sets of plays come from
 the same policy snapshot (the regen cycle, window offset 0), and play ``i`` of both sets uses

@@ -1,4 +1,4 @@
-"""Returns and Designer rewards of SPADE, as pure functions (DESIGN §4.6).
+"""Returns and Designer rewards of SPADE, as pure functions (docs/DESIGN.md §4.6).
 
 The mathematics reproduces the reference (`spade-rl/spade`: `spade/core/utils/rewards.py`,
 `spade/core/utils/delayed_env_rewards.py`, `spade/core/learning_potential.py`):

@@ -183,7 +183,7 @@ def test_solution_replay_wins(seed):
         _, reward, term, trunc, _ = results[-1]
         assert reward == 1.0 and term and not trunc, f"seed {s}: replay did not win"
         assert not any(r[1] >= 1.0 for r in results[:-1])
-        # An optimal script fits comfortably in the turn budget (DESIGN 4.2: <= 3/4 max_turns).
+        # An optimal script fits the turn budget (docs/DESIGN.md §4.2: <= 3/4 max_turns).
         assert len(actions) <= 3 * MAX_TURNS // 4
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval (see DESIGN §7)")
+pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval (see docs/DESIGN.md §7)")
 
 from spade_jax.envs.contract import solution_actions
 from spade_jax.eval import bfcl  # noqa: E402

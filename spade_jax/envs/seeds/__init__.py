@@ -1,7 +1,7 @@
 """Our own seed environments, shipped as data.
 
 Each ``<skill_snake>_<name>.py`` (tool use: ``tool_use_<name>.py``) in this folder is the source of
-one environment under the contract of DESIGN.md 4.3. The host never imports these files: it reads
+one environment under the contract (docs/DESIGN.md §4.3). The host never imports them: it reads
 them as text and runs them in the sandbox (tool-use ones there find ``ToolUseEnv`` as a global).
 They seed the environment memory, form the fixed-environment training pool and serve as the
 Designer's worked examples.
