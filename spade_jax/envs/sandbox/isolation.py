@@ -3,17 +3,24 @@
 Layers, outermost first: bubblewrap (user/pid/net/ipc/uts namespaces, uid 65534, a read-only
 bind of only what Python needs, private tmpfs /tmp, cleared environment, --die-with-parent,
 --new-session), rlimits (address space, CPU, file size, open files, no core) and a seccomp
-filter (see `seccomp_filter.py`). Only the Python runtime, NumPy and the sandbox package are
+filter (see `seccomp_filter.py`). Only the Python environment and the sandbox package are
 visible inside: binding all of `/` would let the sandbox user, mapped to the host's root, read
 root-owned files such as /etc/shadow.
+
+The worker runs this process's interpreter as started (`sys.executable`, a venv's or conda's
+`bin/python`, not the base binary behind its symlink), so it finds the same prefix and
+site-packages. What that interpreter imports from (its stdlib, site-packages, the directories
+`.pth` files add and setuptools' editable finders map to) is bound read-only, at both its own
+path and its resolved path, so links into it resolve inside as outside.
 """
 
 import dataclasses
-import importlib.util
+import functools
 import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 
 log = logging.getLogger(__name__)
@@ -72,20 +79,69 @@ _WORKER_ENV = {
 }
 
 
-def _readonly_paths() -> list[str]:
-    """Directories the interpreter, NumPy and the worker need, deduplicated, outermost first."""
-    paths = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, SANDBOX_DIR)]
-    paths.append(os.path.dirname(os.path.realpath(sys.executable)))
-    spec = importlib.util.find_spec("numpy")
-    if spec is not None and spec.origin:
-        paths.append(os.path.dirname(os.path.dirname(os.path.realpath(spec.origin))))
-    if os.path.exists(TOOL_USE_PATH):
-        paths.append(os.path.realpath(TOOL_USE_PATH))
+# Printed by the worker's interpreter: where it imports from, as it starts in the worker (-s,
+# cleared environment): sys.path plus the source directories of setuptools' editable finders
+# (`__editable___<name>_finder.MAPPING`), which are meta-path hooks rather than sys.path entries.
+_IMPORT_ROOTS_SCRIPT = """
+import json, sys
+roots = [entry for entry in sys.path if entry]
+for name, module in list(sys.modules.items()):
+    mapping = getattr(module, "MAPPING", None)
+    if name.startswith("__editable__") and isinstance(mapping, dict):
+        roots += [path for path in mapping.values() if isinstance(path, str)]
+print(json.dumps(roots))
+"""
+
+
+def worker_python() -> str:
+    """The interpreter workers run: this process's, unresolved, so a venv's stays a venv's."""
+    if not sys.executable:
+        raise SandboxUnavailable("sys.executable is empty: no Python interpreter to run workers")
+    return os.path.abspath(sys.executable)
+
+
+def _import_roots(python: str) -> list[str]:
+    """The directories and archives `python -s` imports from when started as the worker is."""
+    try:
+        done = subprocess.run([python, "-s", "-B", "-c", _IMPORT_ROOTS_SCRIPT], cwd="/",
+                              env=dict(_WORKER_ENV), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxUnavailable(f"cannot run the worker interpreter {python}: {exc}") from exc
+    if done.returncode != 0:
+        raise SandboxUnavailable(f"the worker interpreter {python} fails in a cleared "
+                                 f"environment: {done.stderr.strip()[-300:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def exposes_host_secrets(path: str) -> bool:
+    """True for `/` and other directories holding /etc, /root or a home directory: binding one
+    would show the sandbox (mapped to the host's root) files such as /etc/shadow."""
+    path = os.path.abspath(path)
+    guarded = ("/etc", "/root", "/home", os.path.expanduser("~"))
+    return any(g == path or g.startswith(path.rstrip("/") + "/") for g in guarded)
+
+
+@functools.cache
+def _readonly_binds() -> tuple[tuple[str, str], ...]:
+    """(host path, sandbox path) of every read-only bind the worker needs, outermost first."""
+    python = worker_python()
+    needed = [sys.prefix, sys.base_prefix, SANDBOX_DIR, TOOL_USE_PATH, os.path.dirname(python),
+              os.path.dirname(os.path.realpath(python)), *_import_roots(python)]
+    sources: dict[str, str] = {}
+    for path in map(os.path.abspath, needed):
+        if not os.path.exists(path):
+            continue
+        real = os.path.realpath(path)
+        if exposes_host_secrets(path) or exposes_host_secrets(real):
+            log.warning("sandbox: not binding %s: it would expose host secrets", path)
+            continue
+        sources.setdefault(path, real)
+        sources.setdefault(real, real)
     kept: list[str] = []
-    for path in sorted(set(paths), key=len):
-        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
-            kept.append(path)
-    return kept
+    for target in sorted(sources, key=len):
+        if not any(target == k or target.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(target)
+    return tuple((sources[target], target) for target in kept)
 
 
 def bwrap_prefix(config: SandboxConfig) -> list[str]:
@@ -105,8 +161,8 @@ def bwrap_prefix(config: SandboxConfig) -> list[str]:
     # checkout in /tmp, say) stays visible instead of being hidden by the tmpfs.
     args += ["--dev", "/dev", "--proc", "/proc",
              "--size", str(config.tmpfs_bytes), "--tmpfs", "/tmp"]
-    for path in _readonly_paths():
-        args += ["--ro-bind", path, path]
+    for source, target in _readonly_binds():
+        args += ["--ro-bind", source, target]
     args += ["--chdir", "/tmp", "--clearenv"]
     for key, value in _WORKER_ENV.items():
         args += ["--setenv", key, value]
@@ -115,7 +171,7 @@ def bwrap_prefix(config: SandboxConfig) -> list[str]:
 
 def worker_command(config: SandboxConfig) -> list[str]:
     """Full argv of a worker: [bwrap ...] python -s -B worker.py CONFIG."""
-    python = [os.path.realpath(sys.executable), "-s", "-B", WORKER_SCRIPT,
+    python = [worker_python(), "-s", "-B", WORKER_SCRIPT,
               json.dumps(config.worker_config(), separators=(",", ":"))]
     return (bwrap_prefix(config) + python) if config.use_bwrap else python
 

@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import select
 import subprocess
-import sys
 
 from spade_jax.envs.sandbox.isolation import (
     SANDBOX_UID,
@@ -17,6 +16,7 @@ from spade_jax.envs.sandbox.isolation import (
     SandboxConfig,
     bwrap_prefix,
     check_policy,
+    worker_python,
 )
 from spade_jax.envs.sandbox.process import WorkerProcess
 
@@ -44,7 +44,7 @@ def _ready_info(config: SandboxConfig) -> dict | None:
 def _bwrap_error(config: SandboxConfig) -> str:
     """bubblewrap's own error message, for the log."""
     try:
-        done = subprocess.run(bwrap_prefix(config) + [sys.executable, "-c", "pass"],
+        done = subprocess.run(bwrap_prefix(config) + [worker_python(), "-c", "pass"],
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
