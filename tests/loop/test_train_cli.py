@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import gguf
 import pytest
 
 from tests.loop.conftest import ROOT
@@ -14,6 +15,21 @@ from tests.loop.conftest import ROOT
     ("--config.spade.reward_variant=best", "spade.reward_variant='best'"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, override, message):
+    assert_one_clear_error(tmp_path, override, message)
+
+
+def test_gguf_without_tokenizer_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    writer = gguf.GGUFWriter(str(bad), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert_one_clear_error(tmp_path, f"--config.model.tokenizer={bad}",
+                           f"{bad} has no tokenizer: its metadata lacks tokenizer.ggml.model")
+
+
+def assert_one_clear_error(tmp_path, override, message):
+    """launch/train.py with `override` exits non-zero with one `error:` line holding `message`."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "launch" / "train.py"), f"--config={ROOT}/configs/tiny.py",
          f"--workdir={tmp_path / 'run'}", override],
