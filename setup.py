@@ -8,6 +8,7 @@ CORE = [
     "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
     "transformers==5.24.0",
+    "jinja2>=3.1",  # transformers renders chat templates with it but does not require it
     "tokenizers==0.23.3",
     "sentencepiece==0.2.3",
     "gymnasium==1.4.0",
