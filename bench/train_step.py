@@ -62,7 +62,7 @@ def main() -> None:
     import transformers
 
     import spade_jax
-    from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, make_train_step
+    from spade_jax.rl.trainer import TrainConfig, TrainStep, init_train_state, make_optimizer
     from spade_jax.sharding import make_mesh
 
     torch.set_num_threads(2)
@@ -75,7 +75,7 @@ def main() -> None:
     optimizer = make_optimizer(config)
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     state = {"s": init_train_state(policy.model, optimizer, mesh)}
-    step = make_train_step(policy.config, optimizer, mesh, config)
+    step = TrainStep(policy.config, optimizer, mesh, config)
     batch = dict(tokens=tokens, loss_mask=np.ones((b, t), np.float32),
                  advantages=rng.normal(size=b).astype(np.float32),
                  old_logp=np.full((b, t), -10.0, np.float32))

@@ -180,14 +180,6 @@ def context_len(cfg: ml_collections.ConfigDict) -> int:
     return int(cfg.sampling.max_context)
 
 
-def play_context(cfg: ml_collections.ConfigDict) -> int:
-    """KV-cache length of one Agent conversation: the system prompt and first observation
-    (2048 tokens) plus, per turn, the Agent's answer and an observation of up to 512 tokens;
-    capped by sampling.max_context."""
-    s, smp = cfg.spade, cfg.sampling
-    return int(min(smp.max_context, 2048 + s.max_turns * (smp.agent_max_new_tokens + 512)))
-
-
 def validate(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> None:
     """Raise ValueError listing every problem in `cfg` with what to change."""
     problems = []

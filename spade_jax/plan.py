@@ -234,14 +234,15 @@ def check_rollout_fits(run_cfg, n_devices: int, bytes_per_device: int) -> None:
     environment) decodes in one batch on one KV cache; the plan's sampling peak for that batch
     must fit in `bytes_per_device`, or the run would die out of memory in its first cycle.
     """
-    from spade_jax import config as run_config
+    from spade_jax.spade.rollout import conversation_capacity
 
     cfg, shape = plan_from_config(run_cfg, n_devices)
-    shape = dataclasses.replace(shape, context_len=run_config.play_context(run_cfg))
+    s, smp = run_cfg.spade, run_cfg.sampling
+    shape = dataclasses.replace(shape, context_len=conversation_capacity(
+        s.max_turns, smp.agent_max_new_tokens, smp.max_context))
     plan = memory_plan(cfg, shape)
     if plan.sampling_peak <= bytes_per_device:
         return
-    s = run_cfg.spade
     fits = max_rollout_batch(cfg, shape, bytes_per_device)
     raise ConfigError(
         f"the Agent's plays do not fit in memory: spade.plays_per_env={s.plays_per_env} x 2 "

@@ -128,7 +128,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     import jax
 
     from spade_jax import config as config_lib
-    from spade_jax.rl.trainer import TrainConfig, make_optimizer, make_train_step
+    from spade_jax.rl.trainer import TrainConfig, TrainStep, make_optimizer
     from spade_jax.sampling.sampler import Sampler
     from spade_jax.sharding import make_mesh
 
@@ -163,7 +163,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     context = int(context or config_lib.context_len(run_cfg))
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
 
-    step = make_train_step(model_cfg, optimizer, mesh, train_config)
+    step = TrainStep(model_cfg, optimizer, mesh, train_config)
     sampler = Sampler(model, mesh=mesh, fuse_weights=False)
     lowerers = {
         "train_step": lambda: step.lower(state, train_batch(rows, seq_len)),
@@ -195,7 +195,7 @@ def lower_for_platform(run_cfg, n_devices: int, *, platform: str = "tpu", seq_le
     from jax.sharding import AbstractMesh
 
     from spade_jax import config as config_lib
-    from spade_jax.rl.trainer import TrainConfig, make_optimizer, make_train_step
+    from spade_jax.rl.trainer import TrainConfig, TrainStep, make_optimizer
     from spade_jax.sharding import MESH_AXES
 
     mesh = AbstractMesh(config_lib.mesh_shape(run_cfg, n_devices), MESH_AXES)
@@ -205,7 +205,7 @@ def lower_for_platform(run_cfg, n_devices: int, *, platform: str = "tpu", seq_le
     _, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = -(-int(run_cfg.train.micro_batch) // dp) * dp * micro_batches
-    step = make_train_step(model_cfg, optimizer, mesh, train_config)
+    step = TrainStep(model_cfg, optimizer, mesh, train_config)
     lowered, seconds = _timed(lambda: step.lower(state, train_batch(rows, seq_len),
                                                  lowering_platforms=(platform,)))
     return ProgramReport(f"train_step[{platform}]", seconds), lowered.as_text()

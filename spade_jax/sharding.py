@@ -57,20 +57,3 @@ def param_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
         param_specs(state, mesh),
         is_leaf=lambda x: isinstance(x, PartitionSpec),
     )
-
-
-def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
-    """Place every parameter of `model` on `mesh` according to its spec, in place."""
-    state = nnx.state(model)
-    nnx.update(model, jax.device_put(state, param_shardings(state, mesh)))
-    return model
-
-
-def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    """Sharding of a [batch, ...] array: batch split over ('data', 'fsdp')."""
-    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    """A fully replicated sharding on `mesh`."""
-    return NamedSharding(mesh, PartitionSpec())

@@ -30,7 +30,7 @@ from spade_jax.eval.suites import build_eval_tasks
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
-from spade_jax.spade.rollout import Episode, EpisodeSpec, play_episodes
+from spade_jax.spade.rollout import Episode, EpisodeSpec, conversation_capacity, play_episodes
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,6 @@ SUITE_NAMES = {
 }
 TOOL_USE_SUITES = ("bfcl",)  # played with the tool-use agent prompt; the rest as games
 SEED_GAMES = "seeds"  # the games suite from our (non-tool-use) seed environments
-PROMPT_BUDGET = 2048  # cache slots for the first observation (play_episodes keeps its tail)
-OBSERVATION_BUDGET = 512  # cache slots per later observation (play_episodes' default cut)
 EVAL_STEP_TIMEOUT_S = 10.0  # above the benchmarks' own limits (HumanEval runs tests for 3 s)
 REPLY_CHARS = 2000  # characters kept per agent reply in items.jsonl
 
@@ -253,13 +251,11 @@ def _play(rt, pool, batch, *, max_new_tokens: int, temperature: float, seed: int
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
-    capacity = min(rt.cfg.sampling.max_context,
-                   PROMPT_BUDGET + turns * max_new_tokens + (turns - 1) * OBSERVATION_BUDGET)
+    capacity = conversation_capacity(turns, max_new_tokens, rt.cfg.sampling.max_context)
     return play_episodes(
         specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
         system_prompt=prompts.agent_system_prompt(_game_type(batch[0][0])), max_turns=turns,
-        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, capacity=capacity,
-        max_observation_tokens=OBSERVATION_BUDGET)
+        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, capacity=capacity)
 
 
 def _episode_row(task: EvalTask, hint: bool, episode: Episode, tokenizer) -> dict:

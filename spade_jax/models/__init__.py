@@ -1,0 +1,1 @@
+"""The policy network: one decoder definition (`transformer`), its layers and its config."""

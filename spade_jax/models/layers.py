@@ -117,16 +117,10 @@ def attention(
     `causal=True` promises that S == T and that `mask` hides every key after its query (the
     no-cache training forward). The queries are then taken in up to `CAUSAL_BLOCKS` blocks,
     each against only the keys up to its last query, which skips the masked upper triangle.
-    For SmolLM2 on 2 CPU cores one layer's attention forward + backward at 8 x 256 tokens
-    measured 62-74 ms over all keys and 34-41 ms in four causal blocks; the whole PPO step at
-    1 x 2048 tokens took 28.1 s over all keys and 22.0 s in eight blocks (8 x 256: 13.9 vs
-    13.5 s, within run-to-run noise).
     Long query blocks are processed `query_chunk` queries at a time (each chunk
     rematerialised in the backward pass), so the float32 score matrix held at once is
-    [B, H, chunk, S] instead of [B, H, T, S]: exact, and the difference between minutes and
-    seconds for a 4k-token CPU prefill and between GiB and TiB at 32k.
-    Keys come transposed, the layout the score matmul reads: SmolLM2's CPU decode step at
-    batch 32 over 192 slots measured 109 ms with [S, Dh] keys and 92 ms with [Dh, S] keys.
+    [B, H, chunk, S] instead of [B, H, T, S]: exact, with memory linear rather than quadratic
+    in T. Keys come transposed, the layout the score matmul reads (a faster decode step).
     """
     batch, q_len, n_heads, head_dim = q.shape
     n_kv = k_t.shape[1]
@@ -170,9 +164,8 @@ def swiglu_mlp(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) ->
 
     The backward pass is written out (`_swiglu_backward`) rather than left to autodiff: XLA-CPU
     fused autodiff's SiLU-derivative and gating products into transposed [F, tokens] copies for
-    the weight-gradient matmuls, and at SmolLM2's shapes (8 x 256 tokens, F = 1536) one layer's
-    forward + backward measured 253-270 ms that way against 184-187 ms with the elementwise
-    work done in token-major layout (the matmuls alone need ~171 ms).
+    the weight-gradient matmuls, which is slower than doing the elementwise work in token-major
+    layout.
     """
     return _swiglu_forward(x, gate, up, down)[0]
 

@@ -2,7 +2,7 @@
 
     optimizer = make_optimizer(TrainConfig(learning_rate=1e-6))
     state = init_train_state(model, optimizer, mesh)
-    step = make_train_step(model.cfg, optimizer, mesh, TrainConfig(micro_batches=2))
+    step = TrainStep(model.cfg, optimizer, mesh, TrainConfig(micro_batches=2))
     state, metrics = step(state, batch)      # state is donated
     step.lower(abstract_state, abstract_batch).compile()   # AOT, e.g. spade_jax.readiness
 
@@ -107,12 +107,11 @@ def _micro_loss(graphdef, config: TrainConfig, params, micro):
     return loss_sum, (count, metrics)
 
 
-def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
-                    config: TrainConfig = TrainConfig()):
-    """A jitted `step(state, batch) -> (state, metrics)` with explicit shardings; donates state.
+class TrainStep:
+    """The jitted `step(state, batch) -> (state, metrics)` with explicit shardings; donates state.
 
     metrics: loss (token-mean), tokens, clip_fraction, ratio, approx_kl (token means),
-    grad_norm (before clipping). `step.grouped(state, [(batch, micro_batches), ...])` is one
+    grad_norm (before clipping). `grouped(state, [(batch, micro_batches), ...])` is one
     optimizer step over several batches of different lengths (RL batches mix 4k-token Designer
     samples with short Agent episodes: each group is padded to its own length, not the
     longest), with the same exact (sum, count) accumulation.
@@ -122,104 +121,112 @@ def make_train_step(model_cfg: ModelConfig, optimizer, mesh: Mesh,
     changes nothing but the work, provided they still count in the token-mean's denominator
     (loss, gradient). The ratio / clip / KL metrics are means over the tokens computed.
     """
-    graphdef, _ = _abstract_split(model_cfg)
-    shardings = state_shardings(model_cfg, optimizer, mesh)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    micro_sharding = NamedSharding(mesh, PartitionSpec(None, _BATCH_AXES))
-    loss_fn = lambda p, mb: _micro_loss(graphdef, config, p, mb)  # noqa: E731
 
-    def gradient_sums(params, batch: dict, m: int):
+    def __init__(self, model_cfg: ModelConfig, optimizer, mesh: Mesh,
+                 config: TrainConfig = TrainConfig()):
+        self.config = config
+        self.optimizer = optimizer
+        self.mesh = mesh
+        self.graphdef, _ = _abstract_split(model_cfg)
+        self.shardings = state_shardings(model_cfg, optimizer, mesh)
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self._jitted: dict = {}
+        self._add_sums = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
+        self._apply_sums = jax.jit(self._apply, donate_argnums=(0,),
+                                   out_shardings=(self.shardings, self.replicated))
+
+    def _loss(self, params, micro):
+        return _micro_loss(self.graphdef, self.config, params, micro)
+
+    def _batch_sharding(self, a) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
+
+    def _gradient_sums(self, params, batch: dict, m: int):
         """(grad sums, loss sum, token count, metric sums) over `m` micro-batches of `batch`."""
+        micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES))
         micro = jax.tree.map(
             lambda a: jax.lax.with_sharding_constraint(
                 a.reshape(m, a.shape[0] // m, *a.shape[1:]),
-                NamedSharding(mesh, PartitionSpec(None, _BATCH_AXES, *[None] * (a.ndim - 1)))
+                NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES, *[None] * (a.ndim - 1)))
                 if a.ndim > 1 else micro_sharding),
             batch)
 
         def accumulate(carry, mb):
             grads, loss_sum, count, metrics = carry
-            (value, (n, mets)), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+            (value, (n, mets)), g = jax.value_and_grad(self._loss, has_aux=True)(params, mb)
             grads = jax.tree.map(jnp.add, grads, g)
             metrics = jax.tree.map(jnp.add, metrics, mets)
             return (grads, loss_sum + value, count + n, metrics), None
 
         zero_grads = jax.tree.map(jnp.zeros_like, params)
-        _, (_, zero_metrics) = jax.eval_shape(loss_fn, params, jax.tree.map(lambda a: a[0], micro))
+        _, (_, zero_metrics) = jax.eval_shape(self._loss, params,
+                                              jax.tree.map(lambda a: a[0], micro))
         zero_metrics = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero_metrics)
         init = (zero_grads, jnp.float32(0), jnp.float32(0), zero_metrics)
         sums, _ = jax.lax.scan(accumulate, init, micro)
         return sums
 
-    def apply(state: TrainState, sums, skipped_tokens):
+    def _apply(self, state: TrainState, sums, skipped_tokens):
         """Divide the sums once and take the optimizer step."""
         grads, loss_sum, count, metrics = sums
         denom = jnp.maximum(count + skipped_tokens, 1.0)
         grads = jax.tree.map(lambda g: g / denom, grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         out = {k: v / jnp.maximum(count, 1.0) for k, v in metrics.items()}
         out.update(loss=loss_sum / denom, tokens=count + skipped_tokens,
                    skipped_tokens=skipped_tokens, grad_norm=optax.global_norm(grads))
         return TrainState(params, opt_state, state.step + 1), out
 
-    batch_sh = lambda a: NamedSharding(  # noqa: E731
-        mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
-    jitted = {}
-
-    def jitted_for(kind: str, batch: dict, m: int):
+    def _jitted_for(self, kind: str, batch: dict, m: int):
+        """The compiled 'step' (gradients and update) or 'grads' (sums only) for this shape."""
         key = (kind, m, tuple(sorted((k, v.shape, str(v.dtype)) for k, v in batch.items())))
-        if key not in jitted:
-            in_batch = {k: batch_sh(v) for k, v in batch.items()}
+        if key not in self._jitted:
+            in_batch = {k: self._batch_sharding(v) for k, v in batch.items()}
+            rep = self.replicated
             if kind == "step":
-                jitted[key] = jax.jit(
-                    lambda state, b, skipped: apply(state, gradient_sums(state.params, b, m),
-                                                    skipped),
-                    in_shardings=(shardings, in_batch, replicated),
-                    out_shardings=(shardings, replicated), donate_argnums=(0,))
+                self._jitted[key] = jax.jit(
+                    lambda state, b, skipped: self._apply(
+                        state, self._gradient_sums(state.params, b, m), skipped),
+                    in_shardings=(self.shardings, in_batch, rep),
+                    out_shardings=(self.shardings, rep), donate_argnums=(0,))
             else:
-                jitted[key] = jax.jit(
-                    lambda params, b: gradient_sums(params, b, m),
-                    in_shardings=(shardings.params, in_batch),
-                    out_shardings=(shardings.params, replicated, replicated, replicated))
-        return jitted[key]
+                self._jitted[key] = jax.jit(
+                    lambda params, b: self._gradient_sums(params, b, m),
+                    in_shardings=(self.shardings.params, in_batch),
+                    out_shardings=(self.shardings.params, rep, rep, rep))
+        return self._jitted[key]
 
-    add_sums = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
-    apply_sums = jax.jit(apply, donate_argnums=(0,), out_shardings=(shardings, replicated))
-
-    def to_device(batch: dict) -> dict:
+    def _to_device(self, batch: dict) -> dict:
         """Host batch -> arrays split over the data axes. `device_put`, not `jnp.asarray`: it
         also builds global arrays from identical host data in a multi-process run."""
-        return {k: jax.device_put(v, batch_sh(v)) for k, v in batch.items()}
+        return {k: jax.device_put(v, self._batch_sharding(v)) for k, v in batch.items()}
 
-    def run(state: TrainState, batch: dict):
-        batch = to_device(batch)
-        return jitted_for("step", batch, config.micro_batches)(state, batch, jnp.float32(0))
+    def __call__(self, state: TrainState, batch: dict):
+        batch = self._to_device(batch)
+        return self._jitted_for("step", batch, self.config.micro_batches)(
+            state, batch, jnp.float32(0))
 
-    def grouped(state: TrainState, groups: list[tuple[dict, int]], skipped_tokens: int = 0):
+    def grouped(self, state: TrainState, groups: list[tuple[dict, int]], skipped_tokens: int = 0):
         """One optimizer step over (batch, micro_batches) groups of different shapes."""
         if not groups:
             raise ValueError("grouped train step needs at least one batch")
-        groups = [(to_device(b), m) for b, m in groups]
+        groups = [(self._to_device(b), m) for b, m in groups]
         skipped = jnp.float32(skipped_tokens)
         if len(groups) == 1:
             batch, m = groups[0]
-            return jitted_for("step", batch, m)(state, batch, skipped)
+            return self._jitted_for("step", batch, m)(state, batch, skipped)
         sums = None
         for batch, m in groups:
-            part = jitted_for("grads", batch, m)(state.params, batch)
-            sums = part if sums is None else add_sums(sums, part)
-        return apply_sums(state, sums, skipped)
+            part = self._jitted_for("grads", batch, m)(state.params, batch)
+            sums = part if sums is None else self._add_sums(sums, part)
+        return self._apply_sums(state, sums, skipped)
 
-    def lower(state: TrainState, batch: dict, **lower_kwargs):
+    def lower(self, state: TrainState, batch: dict, **lower_kwargs):
         """`jax.jit(...).lower` of the step for abstract (ShapeDtypeStruct) state and batch.
 
         `lower_kwargs` go to `Traced.lower`, e.g. lowering_platforms=('tpu',) on an AbstractMesh.
         """
         skipped = jax.ShapeDtypeStruct((), jnp.float32)
-        return jitted_for("step", batch, config.micro_batches).trace(
+        return self._jitted_for("step", batch, self.config.micro_batches).trace(
             state, batch, skipped).lower(**lower_kwargs)
-
-    run.lower = lower
-    run.grouped = grouped
-    return run

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 import flax.nnx as nnx
 import jax
@@ -87,9 +88,8 @@ def fused_decode_weights(model: Transformer) -> dict:
     """The sampler's CPU copy of the weights: fused per-layer matrices and a [D, vocab] output.
 
     `layers`: `Transformer.layer_params(fuse=True)`. `unembedding`: the output projection as a
-    [D, vocab] matrix even when it is the tied [vocab, D] embedding: in a jitted loop of SmolLM2
-    batch-1 logits that measured 4.1 ms per call against the embedding as stored and 2.3 ms
-    against this copy (inside the real decode step XLA-CPU gets about 0.6 ms per step of it).
+    [D, vocab] matrix even when it is the tied [vocab, D] embedding, the layout XLA-CPU's
+    batch-1 logits matmul reads fastest.
     """
     weight, vocab_major = model.output_projection()
     return {"layers": model.layer_params(fuse=True),
@@ -111,6 +111,21 @@ def _extend(graphdef, state, fused, cache, kv_mask, tokens, token_mask, position
     return cache, kv_mask
 
 
+class DecodeState(NamedTuple):
+    """The decode loop's carry: the cache, each row's pending token and progress, and the
+    buffers of what it sampled (token, policy log-prob, sampling log-prob per step)."""
+
+    step: jax.Array  # steps taken; the next writes cache slot `index + step`
+    cache: list
+    kv_mask: jax.Array
+    pending: jax.Array  # [B] the token to write next
+    positions: jax.Array  # [B] rotary position of the pending token
+    running: jax.Array  # [B] rows still sampling
+    n_generated: jax.Array  # [B] tokens sampled so far per row
+    stopped: jax.Array  # [B] rows that sampled a stop token
+    buffers: tuple  # ([B, window] tokens, log-probs, sampling log-probs)
+
+
 def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, limits,
             max_steps, stop_ids, temperature, top_k, top_p, seed, row_ids, *, max_top_k):
     """At most `max_steps` decode steps; the token buffers are as long as the window."""
@@ -122,41 +137,40 @@ def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, l
     buffers = (jnp.zeros((batch, window), jnp.int32),
                jnp.zeros((batch, window), jnp.float32),
                jnp.zeros((batch, window), jnp.float32))
-    zeros = jnp.zeros((batch,), jnp.int32)
-    init = (jnp.int32(0), cache, kv_mask, pending, positions, limits > 0, zeros,
-            jnp.zeros((batch,), bool), buffers)
+    init = DecodeState(step=jnp.int32(0), cache=cache, kv_mask=kv_mask, pending=pending,
+                       positions=positions, running=limits > 0,
+                       n_generated=jnp.zeros((batch,), jnp.int32),
+                       stopped=jnp.zeros((batch,), bool), buffers=buffers)
 
-    def cond(carry):
-        step, *_, running, _, _, _ = carry
-        return (step < max_steps) & jnp.any(running)
+    def cond(s: DecodeState):
+        return (s.step < max_steps) & jnp.any(s.running)
 
-    def body(carry):
-        step, cache, kv_mask, pending, positions, running, n_gen, stopped, buffers = carry
-        slot = index + step
-        kv_mask = jax.lax.dynamic_update_slice(kv_mask, running[:, None], (0, slot))
+    def body(s: DecodeState) -> DecodeState:
+        slot = index + s.step
+        kv_mask = jax.lax.dynamic_update_slice(s.kv_mask, s.running[:, None], (0, slot))
         hidden, cache = unrolled_forward(
-            model, layer_params, pending[:, None], positions[:, None], kv_mask, cache, slot
+            model, layer_params, s.pending[:, None], s.positions[:, None], kv_mask, s.cache, slot
         )
         logits = logits_of(hidden[:, 0])
-        keys = row_keys(seed, row_ids, positions + 1)
+        keys = row_keys(seed, row_ids, s.positions + 1)
         token, logp, sampling_logp = select_tokens(
             logits, keys, temperature=temperature, top_k=top_k, top_p=top_p, max_top_k=max_top_k
         )
-        column = jnp.where(running, n_gen, window)  # out of range: dropped
+        column = jnp.where(s.running, s.n_generated, window)  # out of range: dropped
         buffers = tuple(
             buf.at[rows, column].set(val, mode="drop")
-            for buf, val in zip(buffers, (token, logp, sampling_logp), strict=True)
+            for buf, val in zip(s.buffers, (token, logp, sampling_logp), strict=True)
         )
-        n_gen = n_gen + running
-        positions = positions + running
-        pending = jnp.where(running, token, pending)
-        hit_stop = running & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-        stopped = stopped | hit_stop
-        running = running & ~hit_stop & (n_gen < limits)
-        return step + 1, cache, kv_mask, pending, positions, running, n_gen, stopped, buffers
+        n_generated = s.n_generated + s.running
+        hit_stop = s.running & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        return DecodeState(
+            step=s.step + 1, cache=cache, kv_mask=kv_mask,
+            pending=jnp.where(s.running, token, s.pending), positions=s.positions + s.running,
+            running=s.running & ~hit_stop & (n_generated < limits), n_generated=n_generated,
+            stopped=s.stopped | hit_stop, buffers=buffers)
 
-    steps, cache, kv_mask, *_, n_gen, stopped, buffers = jax.lax.while_loop(cond, body, init)
-    return cache, kv_mask, buffers, n_gen, stopped, steps
+    final = jax.lax.while_loop(cond, body, init)
+    return final.cache, final.kv_mask, final.buffers, final.n_generated, final.stopped, final.step
 
 
 def _grow(cache, kv_mask, *, new_window):
@@ -203,7 +217,7 @@ class Sampler:
         Abstract weights (a model built with `nnx.eval_shape`) give a sampler that can only
         `lower` its programs: ahead-of-time checks of a model too large for this machine.
         Passing the very arrays already in use is free: `generate` calls this on every call,
-        and re-placing and re-fusing unchanged weights cost 0.1 s per call for SmolLM2 on CPU.
+        so unchanged weights are neither re-placed nor re-fused.
         """
         leaves = jax.tree.leaves(state)
         if self._source is not None and len(leaves) == len(self._source) and all(
@@ -255,7 +269,7 @@ class Sampler:
     def new_cache(self, batch: int, window: int) -> tuple[list, jax.Array]:
         """Empty per-layer cache (see `_cache_shapes`) and kv_mask [B, window]."""
         key = ("new_cache", batch, window, ())
-        if key not in self._jitted:  # a fresh jit per call would recompile (~60 ms) every time
+        if key not in self._jitted:  # a fresh jit per call would recompile every time
             k_shape, v_shape = self._cache_shapes(batch, window)
             dtype = self.state["embed"][...].dtype
             self._jitted[key] = jax.jit(

@@ -18,13 +18,13 @@ class Artifacts:
         self.root = os.path.join(workdir, "envs")
         self.enabled = enabled
 
-    def write_cycle(self, cycle: int, attempts, played_envs, stats) -> None:
+    def write_cycle(self, cycle: int, attempts, plays) -> None:
         """Write generated attempts (valid and rejected) and the stats of every env played."""
         if not self.enabled:
             return
         folder = os.path.join(self.root, f"cycle_{cycle:05d}")
         os.makedirs(os.path.join(folder, "rejected"), exist_ok=True)
-        stats_by_id = {st.env_id: st.to_dict() for st in stats}
+        stats_by_id = {p.env.env_id: p.stats.to_dict() for p in plays}
         for a in attempts:
             name = f"s{a.slot:03d}_a{a.attempt}_{a.skill.lower()}"
             target = folder if a.valid else os.path.join(folder, "rejected")
@@ -34,7 +34,7 @@ class Artifacts:
                 "skill": a.skill, "doc_id": a.doc_id, "valid": a.valid,
                 "failures": [list(f) for f in a.report.failures],
             }, indent=1))
-        for env in played_envs:
+        for env in (p.env for p in plays):
             _write(os.path.join(folder, f"played_{_safe(env.env_id)}.json"), json.dumps({
                 "env_id": env.env_id, "skill": env.skill, "hint": env.hint,
                 "stats": stats_by_id.get(env.env_id),

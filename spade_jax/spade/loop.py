@@ -155,16 +155,46 @@ def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
         env.hint = hint_lib.clean_hint(completion.text) or ""
 
 
-def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[list[Episode]]:
-    """K no-hint then K hint plays of every env; returns per env [nohint..., hint...]."""
+@dataclasses.dataclass(frozen=True)
+class EnvPlays:
+    """One environment's plays of a cycle: K without hint, K with hint on the same seeds, and
+    the regret statistics of their returns."""
+
+    env: DesignedEnv
+    nohint: list[Episode]
+    hinted: list[Episode]
+    stats: regret.PlayStats
+
+    @classmethod
+    def scored(cls, env: DesignedEnv, nohint: list[Episode], hinted: list[Episode]) -> EnvPlays:
+        """The plays of `env` with their statistics (failed plays of both kinds counted)."""
+        stats = regret.play_stats(env.env_id, env.skill, [e.episode_return for e in nohint],
+                                  [e.episode_return for e in hinted],
+                                  n_failed=sum(e.failed for e in nohint + hinted))
+        return cls(env, nohint, hinted, stats)
+
+    @property
+    def episodes(self) -> list[Episode]:
+        return self.nohint + self.hinted
+
+    @property
+    def nohint_returns(self) -> list[float]:
+        return [e.episode_return for e in self.nohint]
+
+
+def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[EnvPlays]:
+    """K plays without and K with hint of every env, all in one batch, on shared seeds."""
     k = cfg.spade.plays_per_env
-    specs = []
+    spec_pairs = []
     for env in envs:
         seeds = [episode_seed(cfg.seed, state.cycle, env.env_id, i) for i in range(k)]
-        specs += [EpisodeSpec(env.env_id, env.code, sd) for sd in seeds]
-        specs += [EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None) for sd in seeds]
-    episodes = rt.play(specs, seed=cfg.seed * 7919 + state.cycle)
-    return [episodes[i * 2 * k:(i + 1) * 2 * k] for i in range(len(envs))]
+        spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds],
+                           [EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None)
+                            for sd in seeds]))
+    results = iter(rt.play([spec for pair in spec_pairs for specs in pair for spec in specs],
+                           seed=cfg.seed * 7919 + state.cycle))
+    return [EnvPlays.scored(env, [next(results) for _ in nohint], [next(results) for _ in hinted])
+            for env, (nohint, hinted) in zip(envs, spec_pairs, strict=True)]
 
 
 def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
@@ -199,16 +229,9 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
         write_hints(rt, cfg, [e for e, _ in replayed if not e.hint], rng)
     plays = play_pool(rt, cfg, state, played_envs) if played_envs else []
 
-    k = s.plays_per_env
-    stats = []
-    for env, episodes in zip(played_envs, plays, strict=True):
-        nohint, hinted = episodes[:k], episodes[k:]
-        n_failed = sum(e.failed for e in episodes)
-        stats.append(regret.play_stats(env.env_id, env.skill,
-                                       [e.episode_return for e in nohint],
-                                       [e.episode_return for e in hinted], n_failed=n_failed))
-        if any(e.status == "timeout" for e in episodes):
-            state.blacklist.add(env.env_id)
+    for played in plays:
+        if any(e.status == "timeout" for e in played.episodes):
+            state.blacklist.add(played.env.env_id)
 
     # Agent: per-environment z-scores over the no-hint plays; hint plays are never trained.
     replay_weight = {e.env_id: 1.0 for e in pool}
@@ -216,20 +239,17 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
         probs = np.array([p for _, p in replayed])
         for (env, _), p in zip(replayed, probs, strict=True):
             replay_weight[env.env_id] = float(p * len(probs) / probs.sum())
-    groups = group_zscore_advantages([[e.episode_return for e in ep[:k]] for ep in plays]) \
-        if plays else None
+    groups = group_zscore_advantages([p.nohint_returns for p in plays]) if plays else None
     agent_samples = []
-    for env, episodes, adv in zip(played_envs, plays, groups.advantages if groups else [],
-                                  strict=True):
-        agent_samples += [agent_sample(e, a, replay_weight[env.env_id])
-                          for e, a in zip(episodes[:k], adv, strict=True)]
+    for played, adv in zip(plays, groups.advantages if groups else [], strict=True):
+        agent_samples += [agent_sample(e, a, replay_weight[played.env.env_id])
+                          for e, a in zip(played.nohint, adv, strict=True)]
 
     if attempts and not s.no_designer_training:
-        state.pending_designs += pending_designs_for(rt, state, attempts, stats,
+        state.pending_designs += pending_designs_for(rt, state, attempts, plays,
                                                      due=state.cycle + s.designer_delay)
     record_plays(state.pending_designs, state.cycle,
-                 {st.env_id: [e.episode_return for e in ep[:k]]
-                  for st, ep in zip(stats, plays, strict=True)})
+                 {p.env.env_id: p.nohint_returns for p in plays})
     due = [d for d in state.pending_designs if d.due <= state.cycle]
     state.pending_designs = [d for d in state.pending_designs if d.due > state.cycle]
     designer_samples, raw = designer_samples_for(cfg, state, due, len(agent_samples))
@@ -239,19 +259,20 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
     samples = order_for_training(designer_samples + agent_samples)
     if samples:
         metrics.update(rt.train(samples))
-    update_memory(state, stats, played_envs)
-    artifacts.write_cycle(state.cycle, attempts, played_envs, stats)
-    metrics.update(play_metrics(stats, plays, groups, len(designer_samples), len(agent_samples)))
+    update_memory(state, plays)
+    artifacts.write_cycle(state.cycle, attempts, plays)
+    metrics.update(play_metrics(plays, groups, len(designer_samples), len(agent_samples)))
     state.cycle += 1
     return metrics
 
 
-def pending_designs_for(rt, state, attempts, stats, due: int) -> list[PendingDesign]:
+def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
+                        due: int) -> list[PendingDesign]:
     """Every scored Designer attempt of this regen cycle as a sample waiting for `due`.
 
     A valid duplicate of a memory environment is neither played nor trained.
     """
-    by_env = {st.env_id: st for st in stats}
+    by_env = {p.env.env_id: p.stats for p in plays}
     pending = []
     for attempt in attempts:
         env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
@@ -300,9 +321,10 @@ def designer_samples_for(
     return samples, result.raw
 
 
-def update_memory(state: HostState, stats, envs: list[DesignedEnv]) -> None:
+def update_memory(state: HostState, plays: list[EnvPlays]) -> None:
     """Store new environments with their play statistics; refresh replayed ones."""
-    for env, st in zip(envs, stats, strict=True):
+    for played in plays:
+        env, st = played.env, played.stats
         if state.memory.has_id(env.env_id):
             state.memory.update_stats(env.env_id, win_rate=st.win_rate, regret=st.regret,
                                       r_hint=st.r_hint, r_nohint=st.r_nohint, cycle=state.cycle)
@@ -328,8 +350,9 @@ def validation_metrics(attempts: list[DesignAttempt]) -> dict[str, float]:
     return out
 
 
-def play_metrics(stats, plays, groups, n_designer, n_agent) -> dict[str, float]:
+def play_metrics(plays: list[EnvPlays], groups, n_designer, n_agent) -> dict[str, float]:
     """Regret, hint / no-hint returns, how many hint plays got their hint, sample counts."""
+    stats = [p.stats for p in plays]
     out: dict[str, float] = {"samples/designer": n_designer, "samples/agent": n_agent,
                              "envs/played": len(stats)}
     if stats:
@@ -345,12 +368,12 @@ def play_metrics(stats, plays, groups, n_designer, n_agent) -> dict[str, float]:
     if groups is not None:
         out["agent/zero_variance_groups"] = groups.n_zero_variance
     if plays:
-        eps = [e for p in plays for e in p]
+        eps = [e for p in plays for e in p.episodes]
         out["agent/generated_tokens"] = float(sum(e.generated_tokens for e in eps))
         out["agent/turns_mean"] = float(np.mean([e.turns for e in eps]))
-        # the hint plays (second half of each env's plays, see play_pool): a play shown no hint
-        # (none written, empty, or dropped for containing the solution) cannot earn regret
-        hinted = [e for p in plays for e in p[len(p) // 2:]]
+        # a hint play shown no hint (none written, empty, or dropped for containing the
+        # solution) cannot earn regret
+        hinted = [e for p in plays for e in p.hinted]
         out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))
         out["hints/leaked"] = float(sum(e.hint_status == "leak" for e in hinted))
     return out

@@ -2,8 +2,8 @@
 
 The memory feeds the Designer prompt (2 high-regret positives and 1 negative of the target
 skill), refuses exact duplicates (same normalised AST), measures the novelty of each cycle's
-environments, and picks environments to replay. It is persisted as one JSON file written
-atomically (tmp file + ``os.replace``) and reloads exactly.
+environments, and picks environments to replay. It is saved in the checkpoint's host state
+(``to_dict`` / ``from_dict``) and restores exactly.
 
 Two eviction modes at capacity (200 by default):
 
@@ -21,30 +21,20 @@ import ast
 import dataclasses
 import hashlib
 import io
-import json
-import os
-import tempfile
 import tokenize
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spade_jax.envs.lint import parse_source
-from spade_jax.errors import SpadeError
 
-MEMORY_FILENAME = "memory.json"
 MEMORY_FORMAT = "spade_jax.env_memory"
 MEMORY_FORMAT_VERSION = 1
 MEMORY_MODES = ("fifo", "plr")
 POSITIVE_WIN_RANGE = (0.15, 0.85)
 NEGATIVE_WIN_BOUNDS = (0.1, 0.9)
 SHINGLE_SIZE = 3
-
-
-class MemoryFileError(SpadeError, RuntimeError):
-    """The memory file exists but cannot be read back; the message names the file."""
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -454,37 +444,6 @@ class EnvMemory:
         if len(memory._records) > memory.capacity:
             raise ValueError(f"{len(memory._records)} records exceed capacity {memory.capacity}")
         return memory
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the memory to ``path`` atomically (tmp file in the same folder + rename)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as tmp:
-                json.dump(self.to_dict(), tmp, indent=1, allow_nan=False)
-                tmp.flush()
-                os.fsync(tmp.fileno())
-            os.replace(tmp_name, target)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> EnvMemory:
-        """Read a memory saved by `save`; a corrupt file raises `MemoryFileError`."""
-        source = Path(path)
-        try:
-            data = json.loads(source.read_text(encoding="utf-8"))
-            return cls.from_dict(data)
-        except FileNotFoundError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise MemoryFileError(
-                f"environment memory file {source} is corrupt or not a memory file "
-                f"({type(error).__name__}: {error}); restore it from a checkpoint or move it "
-                f"away to start with an empty memory"
-            ) from error
 
 
 def _sample_without_replacement(

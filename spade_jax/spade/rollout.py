@@ -19,6 +19,9 @@ import numpy as np
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import rewards
 
+PROMPT_BUDGET = 2048  # cache slots for the system prompt and first observation
+OBSERVATION_BUDGET = 512  # cache slots per later observation; longer ones are cut to fit
+
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
@@ -58,6 +61,12 @@ class Episode:
     @property
     def episode_return(self) -> float:
         return rewards.episode_return(self.rewards, self.terminated, failed=self.failed)
+
+
+def conversation_capacity(max_turns: int, max_new_tokens: int, max_context: int) -> int:
+    """KV-cache slots of one Agent conversation: the prompt budget plus, per turn, the Agent's
+    answer and an observation budget; capped by `max_context`."""
+    return int(min(max_context, PROMPT_BUDGET + max_turns * (max_new_tokens + OBSERVATION_BUDGET)))
 
 
 class EnvRunner(Protocol):
@@ -120,7 +129,7 @@ def play_episodes(
     temperature: float,
     seed: int,
     capacity: int,
-    max_observation_tokens: int = 512,
+    max_observation_tokens: int = OBSERVATION_BUDGET,
     timer=None,
 ) -> list[Episode]:
     """Play every spec to the end (or `max_turns`) and return one Episode per spec.

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pathlib
 
@@ -24,7 +23,8 @@ from spade_jax.envs import EnvPool, SandboxConfig, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
-from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, make_train_step
+from spade_jax.rl.trainer import TrainConfig, TrainStep, init_train_state, make_optimizer
+from spade_jax.sampling.generate import Completion
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
 from spade_jax.spade import prompts
@@ -36,19 +36,14 @@ from spade_jax.spade.batch import (
 )
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunner
-from spade_jax.spade.rollout import ChatFormat, EpisodeSpec, play_episodes
+from spade_jax.spade.rollout import (
+    ChatFormat,
+    EpisodeSpec,
+    conversation_capacity,
+    play_episodes,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Completion:
-    """One generated answer: text without the end-of-turn token, tokens and their log-probs."""
-
-    text: str
-    tokens: list[int]
-    logprobs: list[float]
-    finish_reason: str
 
 
 def load_model_and_tokenizer(cfg, mesh):
@@ -89,7 +84,7 @@ class Runtime:
             tis_cap=t.tis_cap or None, kl_coef=t.kl_coef, remat=t.remat == "block")
         self.optimizer = make_optimizer(self.train_config)
         self.train_state = init_train_state(model, self.optimizer, mesh)
-        self.train_step = make_train_step(model.cfg, self.optimizer, mesh, self.train_config)
+        self.train_step = TrainStep(model.cfg, self.optimizer, mesh, self.train_config)
         self.sampler = Sampler(model, mesh=mesh)
         sandbox = SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
                                 call_timeout_s=cfg.spade.step_timeout_s)
@@ -138,7 +133,7 @@ class Runtime:
 
     def play(self, specs: list[EpisodeSpec], *, seed: int):
         s, smp = self.cfg.spade, self.cfg.sampling
-        capacity = config_lib.play_context(self.cfg)
+        capacity = conversation_capacity(s.max_turns, smp.agent_max_new_tokens, smp.max_context)
         episodes = play_episodes(
             specs, sampler=self.sampler, envs=self.envs, chat=self.chat,
             system_prompt=prompts.agent_system_prompt(s.game_type), max_turns=s.max_turns,

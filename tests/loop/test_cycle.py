@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from spade_jax.config import load_config_file
+from spade_jax.sampling import Completion
 from spade_jax.spade.driver import run_training
-from spade_jax.spade.runtime import Completion
 
 
 def test_tiny_config_runs_a_full_cycle(tmp_path, tiny_runtime):

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from spade_jax.spade.loop import play_metrics
+from spade_jax.spade.designer import DesignedEnv
+from spade_jax.spade.loop import EnvPlays, play_metrics
 from spade_jax.spade.rollout import Episode, EpisodeSpec
 
 
@@ -13,14 +14,44 @@ def episode(hint=None, hint_status=""):
                    hint=hint, hint_status=hint_status)
 
 
+def plays_of(nohint, hinted):
+    return EnvPlays.scored(DesignedEnv("e", "Optimization", "class EEnv: pass", None, 0),
+                           nohint, hinted)
+
+
 def test_hint_plays_shown_no_hint_are_counted_by_reason():
-    # two envs, K = 2: [no-hint, no-hint, hint, hint] each
-    plays = [[episode(), episode(), episode("a", "ok"), episode(None, "leak")],
-             [episode(), episode(), episode(None, "leak"), episode(None, "empty")]]
-    out = play_metrics([], plays, None, n_designer=0, n_agent=4)
+    # two envs, K = 2
+    plays = [plays_of([episode(), episode()], [episode("a", "ok"), episode(None, "leak")]),
+             plays_of([episode(), episode()], [episode(None, "leak"), episode(None, "empty")])]
+    out = play_metrics(plays, None, n_designer=0, n_agent=4)
     assert out["hints/shown_rate"] == 0.25
     assert out["hints/leaked"] == 2.0
     assert out["agent/generated_tokens"] == 16.0
     # no-hint plays never count against the rate
-    clean = play_metrics([], [[episode(), episode("a", "ok")]], None, 0, 1)
+    clean = play_metrics([plays_of([episode()], [episode("a", "ok")])], None, 0, 1)
     assert clean["hints/shown_rate"] == 1.0 and clean["hints/leaked"] == 0.0
+
+
+def test_play_pool_pairs_each_envs_plays_by_seed():
+    from types import SimpleNamespace
+
+    from spade_jax.config import load_config_file
+    from spade_jax.spade.loop import play_pool
+
+    def play(specs, seed):  # an episode per spec that remembers what it was asked to play
+        return [Episode(s, np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.float32),
+                        [float(s.hint is not None)], True, "ok", 1, 1, hint=s.hint)
+                for s in specs]
+
+    cfg = load_config_file("tiny")
+    cfg.spade.plays_per_env = 3
+    envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0, hint=f"h{i}")
+            for i in range(2)]
+    plays = play_pool(SimpleNamespace(play=play), cfg, SimpleNamespace(cycle=4), envs)
+    assert [p.env for p in plays] == envs
+    for p in plays:
+        assert [e.spec.env_id for e in p.episodes] == [p.env.env_id] * 6
+        assert [e.spec.hint for e in p.nohint] == [None] * 3
+        assert [e.spec.hint for e in p.hinted] == [p.env.hint] * 3
+        assert [e.spec.seed for e in p.nohint] == [e.spec.seed for e in p.hinted]
+        assert p.stats.r_nohint == 0.0 and p.stats.r_hint == 1.0 and p.stats.n_hint == 3

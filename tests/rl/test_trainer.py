@@ -8,7 +8,7 @@ import pytest
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
-from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer, make_train_step
+from spade_jax.rl.trainer import TrainConfig, TrainStep, init_train_state, make_optimizer
 from spade_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=53, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -29,7 +29,7 @@ def run(mesh_shape, config, optimizer, steps=1):
     mesh = make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
     model = Transformer(CFG, rngs=nnx.Rngs(0))
     state = init_train_state(model, optimizer, mesh)
-    step = make_train_step(CFG, optimizer, mesh, config)
+    step = TrainStep(CFG, optimizer, mesh, config)
     for _ in range(steps):
         state, metrics = step(state, batch())
     return jax.tree.leaves(jax.device_get(state.params)), jax.device_get(metrics)
@@ -80,7 +80,7 @@ def test_grouped_step_over_different_lengths_equals_one_padded_batch():
     results = []
     for groups in ([(padded, 1)], [({**{k: v[:2] for k, v in padded.items()}}, 1), (short, 2)]):
         state = init_train_state(Transformer(CFG, rngs=nnx.Rngs(0)), sgd, mesh)
-        step = make_train_step(CFG, sgd, mesh, TrainConfig())
+        step = TrainStep(CFG, sgd, mesh, TrainConfig())
         state, metrics = step.grouped(state, groups)
         results.append((jax.tree.leaves(jax.device_get(state.params)), jax.device_get(metrics)))
     (one, m1), (two, m2) = results
@@ -102,7 +102,7 @@ def test_zero_advantage_rows_left_out_but_counted_give_the_same_update():
     results = []
     for groups, skip in (([(full, 1)], 0), ([(kept, 1)], skipped), ([(kept, 1)], 0)):
         state = init_train_state(Transformer(CFG, rngs=nnx.Rngs(0)), sgd, mesh)
-        step = make_train_step(CFG, sgd, mesh, TrainConfig())
+        step = TrainStep(CFG, sgd, mesh, TrainConfig())
         state, metrics = step.grouped(state, groups, skipped_tokens=skip)
         results.append((jax.tree.leaves(jax.device_get(state.params)), jax.device_get(metrics)))
     (want, m_full), (got, m_kept), (wrong, _) = results

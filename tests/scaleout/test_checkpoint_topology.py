@@ -11,9 +11,9 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.readiness import abstract_train_state
 from spade_jax.rl.trainer import (
     TrainConfig,
+    TrainStep,
     init_train_state,
     make_optimizer,
-    make_train_step,
 )
 from spade_jax.sharding import make_mesh
 
@@ -53,7 +53,7 @@ def saved(tmp_path_factory):
                  loss_mask=np.ones((8, 12), np.float32),
                  advantages=rng.randn(8).astype(np.float32),
                  old_logp=np.full((8, 12), -5.0, np.float32))
-    state, _ = make_train_step(MOE, optimizer, mesh, TrainConfig())(state, batch)
+    state, _ = TrainStep(MOE, optimizer, mesh, TrainConfig())(state, batch)
     expected = host_leaves(state)
     workdir = tmp_path_factory.mktemp("ckpt")
     ck = Checkpointer(str(workdir))

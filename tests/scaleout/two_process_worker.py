@@ -63,15 +63,18 @@ def probe_samples(n: int = 8, length: int = 24) -> list[TrainSample]:
 
 def check_helpers() -> None:
     """Host data -> global array -> jit -> host, on every process; divergence is caught."""
-    from spade_jax.sharding import batch_sharding, make_mesh, replicated
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from spade_jax.sharding import make_mesh
 
     mesh = make_mesh((1, jax.device_count(), 1))
+    batch_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))
     host = np.arange(4 * jax.device_count() * 3, dtype=np.int32).reshape(-1, 3)
-    sharded = jax.device_put(host, batch_sharding(mesh))
+    sharded = jax.device_put(host, batch_sharding)
     assert not sharded.is_fully_addressable
-    doubled = jax.jit(lambda a: 2 * a, out_shardings=batch_sharding(mesh))(sharded)
+    doubled = jax.jit(lambda a: 2 * a, out_shardings=batch_sharding)(sharded)
     np.testing.assert_array_equal(distributed.to_host(doubled), 2 * host)
-    total = jax.jit(lambda a: a.sum(), out_shardings=replicated(mesh))(sharded)
+    total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))(sharded)
     assert int(distributed.to_host(total)) == int(host.sum())
     distributed.assert_same_on_all_processes({"x": host}, "the host data")
     try:
