@@ -34,6 +34,14 @@ _BUDGET = flags.DEFINE_float(
 flags.mark_flags_as_required(["config"])
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing; an unparsable value (`--config.seed=abc`) is one `error:` line."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        sys.exit(f"error: {err}")
+
+
 def main(argv):
     del argv
     from spade_jax import distributed
@@ -55,4 +63,4 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

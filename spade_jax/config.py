@@ -16,6 +16,7 @@ import numpy as np
 
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
+from spade_jax.seeding import check_seed
 
 SKILLS = (
     "Mathematical_Reasoning",
@@ -184,6 +185,10 @@ def validate(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> No
     """Raise ValueError listing every problem in `cfg` with what to change."""
     problems = []
     s = cfg.spade
+    try:
+        check_seed(cfg.seed)
+    except ValueError as err:
+        problems.append(str(err))
     if cfg.mode not in ("spade", "fixed"):
         problems.append(f"mode={cfg.mode!r}: use 'spade' or 'fixed'")
     if s.reward_variant not in REWARD_VARIANTS:

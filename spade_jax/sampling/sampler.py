@@ -49,6 +49,7 @@ from spade_jax.distributed import to_host
 from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
+from spade_jax.seeding import check_seed
 from spade_jax.sharding import fit_spec, make_mesh, param_shardings
 
 _MIN_BUCKET = 16
@@ -465,8 +466,10 @@ class Session:
         A row stops at its first stop token (kept, with loss mask 1: the model must learn to
         end its turn), at its limit, or when the cache is full ('length'). Inactive rows get
         None and are untouched. Sampling with a given seed is reproducible: each token's key
-        derives from (seed, row, position in the conversation).
+        derives from (seed, row, position in the conversation). `seed` is in [0, 2**31)
+        (`spade_jax.seeding`); another value is a ValueError naming it.
         """
+        seed = check_seed(seed)
         n = self.num_rows
         limits = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (n,)).copy()
         if active is not None:

@@ -12,13 +12,13 @@ pool of environments, no Designer.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 from spade_jax.rl.advantages import group_zscore_advantages
+from spade_jax.seeding import SEED_LIMIT, derive_rng, derive_seed
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
 from spade_jax.spade.batch import TrainSample, order_for_training
@@ -76,13 +76,17 @@ def episode_seed(run_seed: int, cycle: int, env_id: str, play: int) -> int:
 
     Hint play i and no-hint play i share a seed, so their difference has low variance.
     """
-    words = [run_seed, cycle, zlib.crc32(env_id.encode()), play]
-    return int(np.random.SeedSequence(words).generate_state(1)[0] & 0x7FFFFFFF)
+    return derive_seed(run_seed, cycle, env_id, play)
+
+
+def play_seed(run_seed: int, cycle: int) -> int:
+    """Sampling seed of the Agent's plays in `cycle` (the rollout derives one per turn)."""
+    return derive_seed(run_seed, "play", cycle)
 
 
 def cycle_rng(run_seed: int, cycle: int, stream: int) -> np.random.Generator:
     """Independent seeded generator per (run, cycle, purpose)."""
-    return np.random.default_rng([run_seed, cycle, stream])
+    return derive_rng(run_seed, cycle, stream)
 
 
 def active_skills(skills, skills_per_regen: int, regen_index: int) -> list[str]:
@@ -129,7 +133,7 @@ def run_designer(
     def generate(messages_list):
         return rt.generate(messages_list, temperature=cfg.sampling.designer_temperature,
                            max_new_tokens=cfg.sampling.designer_max_new_tokens,
-                           seed=int(rng.integers(2**31)))
+                           seed=int(rng.integers(SEED_LIMIT)))
 
     attempts, admitted = design_environments(
         slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,
@@ -150,7 +154,7 @@ def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
     completions = rt.generate(
         [hint_lib.hint_messages(e.code, cfg.spade.game_type) for e in envs],
         temperature=cfg.sampling.hint_temperature,
-        max_new_tokens=cfg.sampling.hint_max_new_tokens, seed=int(rng.integers(2**31)))
+        max_new_tokens=cfg.sampling.hint_max_new_tokens, seed=int(rng.integers(SEED_LIMIT)))
     for env, completion in zip(envs, completions, strict=True):
         env.hint = hint_lib.clean_hint(completion.text) or ""
 
@@ -192,7 +196,7 @@ def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[EnvPla
                            [EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None)
                             for sd in seeds]))
     results = iter(rt.play([spec for pair in spec_pairs for specs in pair for spec in specs],
-                           seed=cfg.seed * 7919 + state.cycle))
+                           seed=play_seed(cfg.seed, state.cycle)))
     return [EnvPlays.scored(env, [next(results) for _ in nohint], [next(results) for _ in hinted])
             for env, (nohint, hinted) in zip(envs, spec_pairs, strict=True)]
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from spade_jax.seeding import derive_seed
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import rewards
 
@@ -136,7 +137,8 @@ def play_episodes(
 
     `sampler` is a `spade_jax.sampling.Sampler`; all episodes share one session (one KV cache
     of `capacity` slots). An observation longer than about `max_observation_tokens` is cut; a row
-    whose next observation no longer fits in the cache ends with status 'context_full'.
+    whose next observation no longer fits in the cache ends with status 'context_full'. Turn t
+    samples with `derive_seed(seed, "turn", t)`, so `seed` may be any seed in [0, 2**31).
     """
     phase = timer.phase if timer is not None else (lambda _name: contextlib.nullcontext())
     n = len(specs)
@@ -164,7 +166,8 @@ def play_episodes(
             break
         with phase("sampling"):
             outputs = session.decode(max_new_tokens, temperature=temperature,
-                                     stop_token_ids=[chat.eos_id], seed=seed * 1_000_003 + turn,
+                                     stop_token_ids=[chat.eos_id],
+                                     seed=derive_seed(seed, "turn", turn),
                                      active=[not d for d in done])
         for i in rows:
             generated[i] += len(outputs[i].tokens)

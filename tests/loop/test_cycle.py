@@ -7,6 +7,7 @@ import pytest
 
 from spade_jax.config import load_config_file
 from spade_jax.sampling import Completion
+from spade_jax.seeding import SEED_LIMIT
 from spade_jax.spade.driver import run_training
 
 
@@ -33,6 +34,19 @@ def test_tiny_config_runs_a_full_cycle(tmp_path, tiny_runtime):
     assert list((tmp_path / "tensorboard").iterdir())
     rejected = list((tmp_path / "envs" / "cycle_00000" / "rejected").glob("*.json"))
     assert len(rejected) == cfg.spade.games_per_cycle * cfg.spade.max_attempts
+
+
+@pytest.mark.parametrize("seed", [3, SEED_LIMIT - 1])  # seed 0: the test above
+def test_any_run_seed_runs_a_cycle(tmp_path, tiny_runtime, seed):
+    """Large run seeds reach the sampler only through derived seeds (it once overflowed)."""
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 1
+    cfg.seed = seed
+    row = run_training(cfg, str(tmp_path), runtime=tiny_runtime)[0]
+    assert row["designer/attempts"] == cfg.spade.games_per_cycle * cfg.spade.max_attempts
+    assert row["samples/agent"] == cfg.spade.replay_per_cycle * cfg.spade.plays_per_env
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["cycle"] for line in lines] == [0]
 
 
 @pytest.fixture

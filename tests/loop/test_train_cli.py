@@ -13,6 +13,10 @@ from tests.loop.conftest import ROOT
     ("--config.corpus.source=jsonl:/nonexistent/corpus.jsonl", "not found"),
     ("--config.spade.plays_per_env=1000000", "the Agent's plays do not fit in memory"),
     ("--config.spade.reward_variant=best", "spade.reward_variant='best'"),
+    ("--config.seed=-1", "seed=-1: use an integer in [0, 2147483647]"),
+    ("--config.seed=2147483648", "seed=2147483648: use an integer in [0, 2147483647]"),
+    ("--config.seed=1.5", "--config.seed=1.5"),  # refused by the flag parser
+    ("--config.seed=abc", "--config.seed=abc"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, override, message):
     assert_one_clear_error(tmp_path, override, message)
@@ -38,4 +42,5 @@ def assert_one_clear_error(tmp_path, override, message):
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     error = result.stderr[result.stderr.rfind("\nerror: ") + 1:]
     assert error.startswith("error: ") and message in error, result.stderr[-2000:]
+    assert [line.startswith("error:") for line in result.stderr.splitlines()].count(True) == 1
     assert not (tmp_path / "run").exists()

@@ -1,5 +1,7 @@
 """Sampler invariants on a tiny random model (CPU, 8 fake devices)."""
 
+import re
+
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ import pytest
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer, forward_logits
 from spade_jax.sampling import CacheFullError, Sampler, generate, sampler_for
+from spade_jax.seeding import SEED_LIMIT
 from spade_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -75,6 +78,17 @@ def test_fixed_seed_reproducible_and_seeds_differ(sampler):
     a, b, c = run(7), run(7), run(8)
     assert [t.tokens for t in a] == [t.tokens for t in b]
     assert [t.tokens for t in a] != [t.tokens for t in c]
+
+
+def test_any_seed_below_2_31_samples_and_others_are_a_clear_error(sampler):
+    run = lambda seed: sampler.start([[1, 2], [3, 4, 5]], capacity=64).decode(  # noqa: E731
+        8, temperature=1.0, seed=seed)
+    largest = run(SEED_LIMIT - 1)
+    assert [t.tokens for t in largest] == [t.tokens for t in run(SEED_LIMIT - 1)]
+    assert all(len(t.tokens) == 8 for t in largest)
+    for bad in (-1, SEED_LIMIT, 1.5):
+        with pytest.raises(ValueError, match=re.escape(f"seed={bad!r}")):
+            run(bad)
 
 
 @pytest.mark.slow
