@@ -30,8 +30,10 @@ from spade_jax.spade.designer import (
     env_id_for,
 )
 from spade_jax.spade.envrunner import ENV_HINT
+from spade_jax.spade.hints import HintMode, HintStatus
 from spade_jax.spade.memory import EnvMemory, new_record
-from spade_jax.spade.rollout import Episode, EpisodeSpec
+from spade_jax.spade.rewards import DesignerStatus
+from spade_jax.spade.rollout import Episode, EpisodeSpec, EpisodeStatus
 
 
 @dataclasses.dataclass
@@ -143,7 +145,7 @@ def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
     """Fill `env.hint` per the hint mode (the env runner leak-checks it per episode)."""
     if not envs:
         return
-    if cfg.spade.hint_mode == "designer":
+    if cfg.spade.hint_mode == HintMode.DESIGNER:
         for env in envs:
             env.hint = ENV_HINT
         return
@@ -168,13 +170,15 @@ def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[list[E
 
 
 def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
-    """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics."""
+    """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics.
+
+    `cfg` is the run's `RunConfig` (spade_jax.config.parse)."""
     s = cfg.spade
     rng = cycle_rng(cfg.seed, state.cycle, 0)
     metrics: dict[str, float] = {}
     attempts: list[DesignAttempt] = []
     regen = state.cycle % s.regen_interval == 0
-    if cfg.mode == "fixed":
+    if not cfg.mode.designs:
         if not state.pool:
             state.pool = rt.fixed_pool()
     elif regen:
@@ -207,7 +211,7 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
         stats.append(regret.play_stats(env.env_id, env.skill,
                                        [e.episode_return for e in nohint],
                                        [e.episode_return for e in hinted], n_failed=n_failed))
-        if any(e.status == "timeout" for e in episodes):
+        if any(e.status == EpisodeStatus.TIMEOUT for e in episodes):
             state.blacklist.add(env.env_id)
 
     # Agent: per-environment z-scores over the no-hint plays; hint plays are never trained.
@@ -256,11 +260,11 @@ def pending_designs_for(rt, state, attempts, stats, due: int) -> list[PendingDes
     for attempt in attempts:
         env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
         if not attempt.valid:
-            status, r_hint = "invalid", 0.0
+            status, r_hint = DesignerStatus.INVALID, 0.0
         elif env_id in state.blacklist:
-            status, r_hint = "step_timeout", 0.0
+            status, r_hint = DesignerStatus.STEP_TIMEOUT, 0.0
         elif env_id in by_env:
-            status, r_hint = "ok", by_env[env_id].r_hint
+            status, r_hint = DesignerStatus.OK, by_env[env_id].r_hint
         else:
             continue
         pending.append(PendingDesign(due, state.cycle, designer_sample(rt, attempt, 0.0),
@@ -280,20 +284,15 @@ def designer_samples_for(
     outcomes = [due_outcome(d, state.blacklist, s.matched_timing) for d in due]
     if not outcomes:
         return [], np.zeros(0)
-    if s.reward_variant == "learning_potential":
-        for o in outcomes:
-            state.learning_potentials.setdefault(o.skill, rewards.LearningPotentialState())
-    n_designer = sum(1 for o in outcomes if o.status != "invalid" or s.penalize_invalid)
+    variant = s.reward_variant
+    state.learning_potentials = variant.trackers_for(outcomes, state.learning_potentials)
+    n_designer = sum(1 for o in outcomes
+                     if o.status != DesignerStatus.INVALID or s.penalize_invalid)
     scale = rewards.role_scale(n_agent, n_designer, s.regen_interval)
-    result = rewards.designer_rewards(outcomes, s.reward_variant, scale,
+    result = rewards.designer_rewards(outcomes, variant, scale,
                                       penalize_invalid=s.penalize_invalid,
                                       learning_potentials=state.learning_potentials)
-    if s.reward_variant == "learning_potential":  # once per skill per cycle, as the reference
-        for skill in {o.skill for o in outcomes if o.status == "ok"}:
-            mean = float(np.mean([o.win_rate for o in outcomes
-                                  if o.skill == skill and o.status == "ok"]))
-            state.learning_potentials[skill] = rewards.update_learning_potential(
-                state.learning_potentials[skill], mean)
+    state.learning_potentials = variant.end_of_cycle(outcomes, state.learning_potentials)
     samples = [dataclasses.replace(d.sample, advantage=float(adv))
                for d, adv, trained in zip(due, result.advantages, result.trained, strict=True)
                if trained]
@@ -352,7 +351,7 @@ def play_metrics(stats, plays, groups, n_designer, n_agent) -> dict[str, float]:
         # (none written, empty, or dropped for containing the solution) cannot earn regret
         hinted = [e for p in plays for e in p[len(p) // 2:]]
         out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))
-        out["hints/leaked"] = float(sum(e.hint_status == "leak" for e in hinted))
+        out["hints/leaked"] = float(sum(e.hint_status == HintStatus.LEAK for e in hinted))
     return out
 
 

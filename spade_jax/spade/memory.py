@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import hashlib
 import io
 import json
@@ -37,7 +38,13 @@ from spade_jax.errors import SpadeError
 MEMORY_FILENAME = "memory.json"
 MEMORY_FORMAT = "spade_jax.env_memory"
 MEMORY_FORMAT_VERSION = 1
-MEMORY_MODES = ("fifo", "plr")
+
+
+class MemoryMode(enum.StrEnum):
+    """Which record leaves a full memory: the oldest (FIFO) or the lowest replay score (PLR)."""
+
+    FIFO = "fifo"
+    PLR = "plr"
 POSITIVE_WIN_RANGE = (0.15, 0.85)
 NEGATIVE_WIN_BOUNDS = (0.1, 0.9)
 SHINGLE_SIZE = 3
@@ -246,12 +253,12 @@ class EnvMemory:
     def __init__(
         self,
         capacity: int = 200,
-        mode: str = "fifo",
+        mode: MemoryMode | str = MemoryMode.FIFO,
         staleness_coef: float = 0.3,
         temperature: float = 1.0,
     ) -> None:
-        if mode not in MEMORY_MODES:
-            raise ValueError(f"memory mode {mode!r} is not one of {MEMORY_MODES}")
+        if mode not in tuple(MemoryMode):
+            raise ValueError(f"memory mode {mode!r} is not one of {tuple(MemoryMode)}")
         if capacity < 1:
             raise ValueError(f"memory capacity must be >= 1, got {capacity}")
         if not 0.0 <= staleness_coef <= 1.0 or temperature <= 0:
@@ -260,7 +267,7 @@ class EnvMemory:
                 f"{staleness_coef}, {temperature}"
             )
         self.capacity = capacity
-        self.mode = mode
+        self.mode = MemoryMode(mode)
         self.staleness_coef = staleness_coef
         self.temperature = temperature
         self.current_cycle = 0
@@ -327,7 +334,7 @@ class EnvMemory:
         self.current_cycle = max(self.current_cycle, record.cycle)
         evicted: MemoryRecord | None = None
         if len(self._records) >= self.capacity:
-            if self.mode == "fifo":
+            if self.mode == MemoryMode.FIFO:
                 evicted = self._records[0]
             else:
                 lowest = int(np.argmin(self.priorities()))
