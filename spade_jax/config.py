@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib.util
+import typing
 from pathlib import Path
 
 import ml_collections
@@ -165,6 +166,23 @@ def _choice(enum_cls, value, key: str, problems: list[str]):
     return None
 
 
+_SCALAR_NAMES = {bool: "a bool", int: "an int", float: "a number", str: "a string"}
+
+
+def _type_problems(record_cls, values: dict) -> list[str]:
+    """`name=value must be an int` (a number, a bool, a string) for every value of a scalar field
+    of `record_cls` that has the wrong type; bools are not taken for numbers."""
+    out = []
+    for name, hint in typing.get_type_hints(record_cls).items():
+        if name not in values or hint not in _SCALAR_NAMES:
+            continue
+        value = values[name]
+        allowed = (int, float) if hint is float else (hint,)
+        if not isinstance(value, allowed) or (hint is not bool and isinstance(value, bool)):
+            out.append(f"{name}={value!r} must be {_SCALAR_NAMES[hint]}")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
     """Where the policy comes from: a checkpoint `source` (or 'random' built from `arch`)."""
@@ -176,7 +194,7 @@ class PolicyConfig:
     compute_dtype: str = "float32"
 
     def problems(self) -> list[str]:
-        if self.source != "random":
+        if self.source != "random" or self.arch is None:  # None: arch's problems already noted
             return []
         try:
             self.arch.validate()
@@ -236,7 +254,10 @@ class SamplingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SpadeConfig:
-    """The SPADE cycle: what the Designer is asked for, how often, and how it is rewarded."""
+    """The SPADE cycle: what the Designer is asked for, how often, and how it is rewarded.
+
+    `parse` leaves an enum field None when its value was refused (and reported).
+    """
 
     skills: tuple[str, ...]
     skills_per_regen: int
@@ -258,8 +279,8 @@ class SpadeConfig:
 
     def problems(self) -> list[str]:
         out = []
-        known = tuple(self.game_type.skills)
-        unknown = [k for k in self.skills if k not in known]
+        known = tuple(self.game_type.skills) if self.game_type is not None else None
+        unknown = [k for k in self.skills if known is not None and k not in known]
         if unknown:
             out.append(f"skills has unknown {sorted(unknown)} for game_type="
                        f"{self.game_type.value!r}; known: {known}")
@@ -352,7 +373,12 @@ class RunConfig:
 
 
 def _section(record_cls, values: dict, key: str, problems: list[str]):
-    """`record_cls(**values)` with its own `problems()` noted under `key`; None if unbuildable."""
+    """`record_cls(**values)` with its own `problems()` noted under `key`; None (after noting
+    why) if a value has the wrong type or the record cannot be built."""
+    wrong_types = _type_problems(record_cls, values)
+    if wrong_types:
+        problems += [f"{key}.{p}" for p in wrong_types]
+        return None
     try:
         record = record_cls(**values)
     except (TypeError, ValueError) as err:
@@ -363,14 +389,19 @@ def _section(record_cls, values: dict, key: str, problems: list[str]):
 
 
 def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunConfig:
-    """The typed `RunConfig` of `cfg`; a ConfigError listing every problem, by key path."""
+    """The typed `RunConfig` of `cfg`; a ConfigError listing every problem, by key path.
+
+    Every record that can be built is built and checked (a refused enum value leaves its field
+    None), so one error reports all the problems at once.
+    """
     problems: list[str] = []
     c = cfg.to_dict()
     seed = c["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
         problems.append(f"seed={seed!r} must be an int in [0, 2**31)")
     mode = _choice(Mode, c["mode"], "mode", problems)
-    model = dict(c["model"], arch=ModelConfig(**c["model"]["arch"]))
+    model = dict(c["model"], arch=_section(ModelConfig, c["model"]["arch"], "model.arch",
+                                           problems))
     model.setdefault("compute_dtype", model["param_dtype"])
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
@@ -382,9 +413,6 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     s["hint_mode"] = _choice(HintMode, s["hint_mode"], "spade.hint_mode", problems)
     memory = dict(c["memory"])
     memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
-    if None in (mode, t["remat"], s["game_type"], s["reward_variant"], s["hint_mode"],
-                memory["mode"]):
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     sandbox = SandboxConfig(allow_unsafe=bool(c["sandbox"]["allow_unsafe"]),
                             warm_workers=int(c["sandbox"]["warm_workers"]),
                             call_timeout_s=float(step_timeout_s))

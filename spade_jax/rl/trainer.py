@@ -69,7 +69,7 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """What is wrong with these settings, one message per problem (key names as in config)."""
         out = []
-        if self.remat not in tuple(Remat):
+        if self.remat is not None and self.remat not in tuple(Remat):  # None: parse refused it
             out.append(f"remat={self.remat!r}: use one of {tuple(Remat)}")
         for key in ("micro_batch", "seq_len", "logprob_chunk"):
             if getattr(self, key) < 1:
