@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from spade_jax.envs.skills import GAME_SKILLS, TOOL_USE_SKILLS
 from spade_jax.spade.memory import MemoryExamples, MemoryRecord
 
 
@@ -75,27 +76,7 @@ class GameType(enum.StrEnum):
 MEMORY_CODE_CHARS = 2000
 DIFFICULTY_MIN_STEPS = {"easy": 2, "medium": 3, "hard": 4}
 
-SKILLS = {
-    "Mathematical_Reasoning": "computing with numbers, equations and quantities across "
-    "several dependent steps",
-    "Logical_Deduction": "drawing conclusions from premises, rules and constraints, ruling "
-    "possibilities out one by one",
-    "Spatial_Reasoning": "tracking positions, directions, paths and shapes on grids or maps",
-    "Pattern_Recognition": "discovering the hidden rule behind sequences, codes or "
-    "transformations and applying it",
-    "Optimization": "finding the best plan under limits of budget, capacity, time or moves",
-    "Causal_Inference": "finding which causes produce which effects by intervening and "
-    "observing the results",
-}
-
-TOOL_USE_SKILLS = {
-    "API_Orchestration": "chaining tool calls that change state one after another",
-    "Data_Retrieval": "finding information with query tools, then acting on it exactly",
-    "State_Modification": "a sequence of state changes, each depending on the state before",
-    "Error_Recovery": "handling tool errors: checking state, correcting arguments, retrying",
-    "Tool_Selection": "choosing the right tool among alternatives from the current state",
-    "Multi_Step_Workflows": "ordered workflows whose later steps need earlier results",
-}
+SKILLS = GAME_SKILLS  # the names of `spade.game_type=game` (spade_jax/envs/skills.py)
 
 GAME_SYSTEM_PROMPT = (
     "You are an expert Python programmer and game designer. You write interactive, "
