@@ -21,7 +21,7 @@ import numpy as np
 from spade_jax.rl.advantages import group_zscore_advantages
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
-from spade_jax.spade.batch import TrainSample, order_for_training
+from spade_jax.spade.batch import Role, TrainSample, order_for_training
 from spade_jax.spade.delayed import PendingDesign, due_outcome, record_plays
 from spade_jax.spade.designer import (
     DesignAttempt,
@@ -102,12 +102,12 @@ def designer_sample(rt, attempt: DesignAttempt, advantage: float) -> TrainSample
     mask[len(prompt_ids):] = True
     logp = np.zeros(len(tokens), np.float32)
     logp[len(prompt_ids):] = np.asarray(completion.logprobs, np.float32)
-    return TrainSample(tokens, mask, logp, float(advantage), "designer")
+    return TrainSample(tokens, mask, logp, float(advantage), Role.DESIGNER)
 
 
 def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> TrainSample:
     return TrainSample(episode.tokens, episode.loss_mask, episode.old_logp, float(advantage),
-                       "agent", weight)
+                       Role.AGENT, weight)
 
 
 def run_designer(

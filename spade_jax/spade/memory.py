@@ -45,6 +45,8 @@ class MemoryMode(enum.StrEnum):
 
     FIFO = "fifo"
     PLR = "plr"
+
+
 POSITIVE_WIN_RANGE = (0.15, 0.85)
 NEGATIVE_WIN_BOUNDS = (0.1, 0.9)
 SHINGLE_SIZE = 3
@@ -218,11 +220,20 @@ class MemoryExamples:
     negatives: list[MemoryRecord]
 
 
+class AddStatus(enum.StrEnum):
+    """How `EnvMemory.add` treated a record: stored, already held (same code), or refused
+    (PLR: a full memory whose lowest replay score beats the newcomer's)."""
+
+    ADDED = "added"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+
+
 @dataclasses.dataclass(frozen=True)
 class AddResult:
-    """Outcome of `EnvMemory.add`: ``added``, ``duplicate`` or ``rejected`` (PLR, low regret)."""
+    """Outcome of `EnvMemory.add`: its status and the record it evicted, if any."""
 
-    status: str
+    status: AddStatus
     evicted_id: str | None = None
 
 
@@ -330,7 +341,7 @@ class EnvMemory:
         if any(r.id == record.id for r in self._records):
             raise ValueError(f"memory already holds a record with id {record.id!r}")
         if any(r.code_hash == record.code_hash for r in self._records):
-            return AddResult("duplicate")
+            return AddResult(AddStatus.DUPLICATE)
         self.current_cycle = max(self.current_cycle, record.cycle)
         evicted: MemoryRecord | None = None
         if len(self._records) >= self.capacity:
@@ -339,11 +350,11 @@ class EnvMemory:
             else:
                 lowest = int(np.argmin(self.priorities()))
                 if record.regret < self._records[lowest].regret:
-                    return AddResult("rejected")
+                    return AddResult(AddStatus.REJECTED)
                 evicted = self._records[lowest]
             self._records.remove(evicted)
         self._records.append(record)
-        return AddResult("added", None if evicted is None else evicted.id)
+        return AddResult(AddStatus.ADDED, None if evicted is None else evicted.id)
 
     def retrieve(
         self,
@@ -426,7 +437,7 @@ class EnvMemory:
         added = 0
         for name, skill, code in seeds:
             result = self.add(new_record(f"seed:{name}", skill, code, cycle=cycle))
-            added += result.status == "added"
+            added += result.status is AddStatus.ADDED
         return added
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,7 +38,6 @@ from spade_jax.envs.sandbox.process import ProtocolError, WorkerProcess
 log = logging.getLogger(__name__)
 
 
-
 class CallStatus(enum.StrEnum):
     """Outcome of one sandbox call (see the module docstring)."""
 
