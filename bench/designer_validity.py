@@ -36,7 +36,7 @@ def main() -> None:
     import numpy as np
 
     from spade_jax import config as config_lib
-    from spade_jax.envs import EnvPool, SandboxConfig, validate
+    from spade_jax.envs import EnvPool, validate
     from spade_jax.envs.seeds import list_seed_envs
     from spade_jax.policy import load_policy
     from spade_jax.sampling.sampler import Sampler
@@ -46,18 +46,17 @@ def main() -> None:
     from spade_jax.spade.loop import active_skills
     from spade_jax.spade.rollout import ChatFormat
 
-    cfg = config_lib.load_config_file(args.config)
-    s, smp = cfg.spade, cfg.sampling
+    run = config_lib.parse(config_lib.load_config_file(args.config), jax.device_count())
+    s, smp = run.spade, run.sampling
     max_new_tokens = args.max_new_tokens or smp.designer_max_new_tokens
     started = time.perf_counter()
-    mesh = make_mesh(config_lib.mesh_shape(cfg, jax.device_count()))
-    policy = load_policy(cfg.model.source, mesh=mesh, dtype=cfg.model.param_dtype)
+    mesh = make_mesh(run.mesh.shape(jax.device_count()))
+    policy = load_policy(run.model.source, mesh=mesh, dtype=run.model.param_dtype)
     sampler = Sampler(policy.model, mesh=mesh)
     chat = ChatFormat(policy.tokenizer)
-    corpus = load_corpus(cfg.corpus.source, max_words=cfg.corpus.max_words)
+    corpus = load_corpus(run.corpus.source, max_words=run.corpus.max_words)
     example = prompts.worked_example(list_seed_envs(), s.game_type)
-    pool = EnvPool(SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
-                                 call_timeout_s=s.step_timeout_s), warm=4, max_turns=s.max_turns)
+    pool = EnvPool(run.sandbox, warm=4, max_turns=s.max_turns)
     load_s = time.perf_counter() - started
     rng = np.random.default_rng(args.seed)
     skills = active_skills(list(s.skills), len(s.skills), 0)
@@ -103,13 +102,13 @@ def main() -> None:
 
     failures = collections.Counter(d["failed_check"] for d in designs if not d["valid"])
     result = {
-        "model": cfg.model.source, "config": args.config, "n": len(designs),
+        "model": run.model.source, "config": args.config, "n": len(designs),
         "valid": sum(d["valid"] for d in designs),
         "valid_rate": float(np.mean([d["valid"] for d in designs])) if designs else 0.0,
         "failures_by_check": dict(sorted(failures.items())),
         "settings": {"temperature": smp.designer_temperature,
                      "max_new_tokens": max_new_tokens, "max_turns": s.max_turns,
-                     "corpus": cfg.corpus.source, "max_words": cfg.corpus.max_words,
+                     "corpus": run.corpus.source, "max_words": run.corpus.max_words,
                      "memory": False, "batch": args.batch, "seed": args.seed},
         "seconds": {"load": round(load_s, 1), "generate": round(generate_s, 1),
                     "validate": round(validate_s, 1)},

@@ -40,14 +40,16 @@ def phase_config(mode: str, config: str):
     return cfg
 
 
-def held_out_score(rt, cfg, eval_seeds: int, out_dir: Path) -> dict:
-    """Greedy no-hint mean return per seed game on seeds 0..eval_seeds-1 (resumable)."""
+def held_out_score(rt, run, eval_seeds: int, out_dir: Path) -> dict:
+    """Greedy no-hint mean return per seed game on seeds 0..eval_seeds-1 (resumable).
+
+    `run` is the phase's `RunConfig`."""
     from spade_jax.eval.report import SUITE_MEAN
     from spade_jax.eval.runner import build_tasks, evaluate
 
-    tasks = build_tasks("games", games_seeds=eval_seeds, games_max_turns=cfg.spade.max_turns)
-    summary = evaluate(rt, tasks, out_dir, max_new_tokens=cfg.sampling.agent_max_new_tokens,
-                       with_hints=False, seed=cfg.seed, progress=True)
+    tasks = build_tasks("games", games_seeds=eval_seeds, games_max_turns=run.spade.max_turns)
+    summary = evaluate(rt, tasks, out_dir, max_new_tokens=run.sampling.agent_max_new_tokens,
+                       with_hints=False, seed=run.seed, progress=True)
     means = {row["category"]: row["mean_return"] for row in summary["rows"] if not row["hint"]}
     return {"mean": means.pop(SUITE_MEAN), "per_game": means, "episodes": len(tasks)}
 
@@ -116,6 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    from spade_jax.config import parse
     from spade_jax.spade.driver import run_training
     from spade_jax.spade.runtime import Runtime
 
@@ -124,16 +127,17 @@ def main() -> None:
                      "model": phase_config("fixed", args.config).model.source}
     for phase in PHASES:
         cfg = phase_config(phase, args.config)
-        rt = Runtime.create(cfg)  # fresh pretrained weights for each phase
+        run = parse(cfg)
+        rt = Runtime.create(run)  # fresh pretrained weights for each phase
         try:
             if "before" not in results:
-                results["before"] = held_out_score(rt, cfg, args.eval_seeds,
+                results["before"] = held_out_score(rt, run, args.eval_seeds,
                                                    workdir / "eval_before")
             started = time.monotonic()
             history = run_training(cfg, str(workdir / phase), runtime=rt,
                                    time_budget_s=args.minutes * 60 / len(PHASES))
             minutes = (time.monotonic() - started) / 60
-            after = held_out_score(rt, cfg, args.eval_seeds, workdir / f"eval_after_{phase}")
+            after = held_out_score(rt, run, args.eval_seeds, workdir / f"eval_after_{phase}")
         finally:
             rt.close()
         results[phase] = {"history": history, "minutes": minutes, "after": after}

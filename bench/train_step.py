@@ -62,7 +62,7 @@ def main() -> None:
     import transformers
 
     import spade_jax
-    from spade_jax.rl.trainer import TrainConfig, TrainStep, init_train_state, make_optimizer
+    from spade_jax.rl.trainer import Remat, TrainConfig, TrainStep, init_train_state, make_optimizer
     from spade_jax.sharding import make_mesh
 
     torch.set_num_threads(2)
@@ -71,7 +71,7 @@ def main() -> None:
     tokens = rng.integers(0, 49152, (b, t)).astype(np.int32)
 
     policy = spade_jax.load_policy("smollm2-135m-instruct")
-    config = TrainConfig(learning_rate=1e-5, remat=args.remat)
+    config = TrainConfig(learning_rate=1e-5, remat=Remat.BLOCK if args.remat else Remat.NONE)
     optimizer = make_optimizer(config)
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     state = {"s": init_train_state(policy.model, optimizer, mesh)}

@@ -81,11 +81,12 @@ def main(argv):
     except (ValueError, ImportError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
 
+    from spade_jax.config import parse
     from spade_jax.errors import CheckpointError, SpadeError
     from spade_jax.spade.runtime import Runtime
 
     try:
-        rt = Runtime.create(cfg)
+        rt = Runtime.create(parse(cfg))
     except SpadeError as err:
         sys.exit(f"error: {err}")
     try:

@@ -62,19 +62,19 @@ def read_run_config(workdir: Path):
     return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def model_config_and_tokenizer(cfg):
-    """The architecture the run trained and its tokenizer, as `Runtime` would load them."""
-    from spade_jax import config as config_lib
+def model_config_and_tokenizer(run):
+    """The architecture the run (a `RunConfig`) trained and its tokenizer, as `Runtime`
+    would load them."""
     from spade_jax.policy import _resolve
     from spade_jax.weights.gguf import gguf_model_config, open_gguf, smollm2_gguf_path
     from spade_jax.weights.safetensors_io import load_hf_config
     from spade_jax.weights.tokenizer import load_tokenizer
 
-    if cfg.model.source == "random":
-        name = cfg.model.tokenizer
+    if run.model.source == "random":
+        name = run.model.tokenizer
         path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
-        return config_lib.model_config(cfg), load_tokenizer(path)
-    source = _resolve(cfg.model.source)
+        return run.model.arch, load_tokenizer(path)
+    source = _resolve(run.model.source)
     if source.is_dir():
         model_cfg = load_hf_config(source)
     else:
@@ -95,14 +95,14 @@ def export(checkpoint: str, out: str, cfg=None, *, dtype=None, shard: bool = Fal
     from spade_jax.weights.safetensors_io import save_hf
 
     workdir, step = locate(checkpoint)
-    cfg = cfg if cfg is not None else read_run_config(workdir)
-    model_cfg, tokenizer = model_config_and_tokenizer(cfg)
+    run = config_lib.parse(cfg if cfg is not None else read_run_config(workdir))
+    model_cfg, tokenizer = model_config_and_tokenizer(run)
     if shard:
-        mesh = make_mesh(config_lib.mesh_shape(cfg, jax.device_count()))
+        mesh = make_mesh(run.mesh.shape(jax.device_count()))
     else:
         mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     optimizer = make_optimizer(TrainConfig())  # only the optimizer state's structure matters
-    model, target = abstract_train_state(model_cfg, optimizer, mesh, cfg.model.param_dtype)
+    model, target = abstract_train_state(model_cfg, optimizer, mesh, run.model.param_dtype)
     checkpointer = Checkpointer(str(workdir))
     try:
         step = step if step is not None else checkpointer.latest_step()

@@ -61,9 +61,11 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="spade_quickstart_"))
 print(f"config {MODEL}: {cfg.model.arch.n_layers} layers, d_model {cfg.model.arch.d_model}; "
       f"workdir {WORKDIR}")"""),
     ("code", """\
+from spade_jax.config import parse
 from spade_jax.spade.runtime import Runtime
 
-rt = Runtime.create(cfg)  # model, tokenizer, sampler, optimizer state, sandbox pools
+run = parse(cfg)  # typed, checked records; a bad setting fails here, naming its key
+rt = Runtime.create(run)  # model, tokenizer, sampler, optimizer state, sandbox pools
 n_params = sum(x.size for x in jax.tree.leaves(rt.train_state.params))
 print(f"{n_params / 1e6:.1f}M parameters on mesh {dict(rt.mesh.shape)}")"""),
     ("md", """\
@@ -76,12 +78,12 @@ parse, follow the contract, be deterministic, terminate, and be solvable by its 
     ("code", """\
 from spade_jax.spade import prompts
 
-skill = cfg.spade.skills[0]
+skill = run.spade.skills[0]
 messages = prompts.designer_messages(
-    skill, game_type=cfg.spade.game_type, max_turns=cfg.spade.max_turns,
-    example_code=prompts.worked_example(rt.seed_envs, cfg.spade.game_type))
-[design] = rt.generate([messages], temperature=cfg.sampling.designer_temperature,
-                       max_new_tokens=cfg.sampling.designer_max_new_tokens, seed=0)
+    skill, game_type=run.spade.game_type, max_turns=run.spade.max_turns,
+    example_code=prompts.worked_example(rt.seed_envs, run.spade.game_type))
+[design] = rt.generate([messages], temperature=run.sampling.designer_temperature,
+                       max_new_tokens=run.sampling.designer_max_new_tokens, seed=0)
 print(f"Designer ({len(design.tokens)} tokens, {design.finish_reason}):")
 print(design.text[:1500])"""),
     ("code", """\
@@ -109,7 +111,7 @@ solution are dropped). The regret of an environment is how much the hint helps."
 from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.rollout import EpisodeSpec
 
-seeds = range(cfg.spade.plays_per_env)
+seeds = range(run.spade.plays_per_env)
 specs = [EpisodeSpec(env_name, env_code, seed) for seed in seeds]
 specs += [EpisodeSpec(env_name, env_code, seed, hint=ENV_HINT) for seed in seeds]
 episodes = rt.play(specs, seed=0)
@@ -158,9 +160,9 @@ the same rollout. Here: two seed games, without and with their hint (the full su
 from spade_jax.eval import runner
 
 tasks = runner.build_tasks("games", limit=2, games_seeds=1,
-                           games_max_turns=cfg.spade.max_turns)
+                           games_max_turns=run.spade.max_turns)
 summary = runner.evaluate(rt, tasks, WORKDIR / "eval", progress=False,
-                          max_new_tokens=cfg.sampling.agent_max_new_tokens)
+                          max_new_tokens=run.sampling.agent_max_new_tokens)
 for row in summary["rows"]:
     print(f"{row['category']:<36} hint={row['hint']!s:<5} mean return "
           f"{row['mean_return']:+.2f}  solved {row['solved']:.2f}")

@@ -1,32 +1,45 @@
-"""Typed run configuration: the defaults every `configs/*.py` starts from, and start-up checks.
+"""Run configuration: the defaults every `configs/*.py` starts from, and its typed records.
 
 Configs are `ml_collections.ConfigDict`s returned by `get_config()` and read by absl's
 `config_flags`, so `--config.spade.plays_per_env=4` style overrides work on the command line.
 `base_config()` is locked: a mistyped key fails at once instead of being silently ignored.
-`validate()` turns impossible settings into messages that say what to change.
+`parse()` turns it, once at start-up, into a frozen `RunConfig` of typed records (the
+component ones live with their component: `ModelConfig`, `TrainConfig`, `SandboxConfig`),
+and reports every impossible setting at once, by key path, with what to change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import importlib.util
+import typing
 from pathlib import Path
 
 import ml_collections
 import numpy as np
 
+from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
+from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.seeding import check_seed
+from spade_jax.spade.hints import HintMode
+from spade_jax.spade.memory import MemoryMode
+from spade_jax.spade.prompts import GameType
+from spade_jax.spade.rewards import RewardVariant
+from spade_jax.spade.rollout import conversation_capacity
 
-SKILLS = (
-    "Mathematical_Reasoning",
-    "Logical_Deduction",
-    "Spatial_Reasoning",
-    "Pattern_Recognition",
-    "Optimization",
-    "Causal_Inference",
-)
-REWARD_VARIANTS = ("regret", "blend", "solve_rate", "learning_potential")
+
+class Mode(enum.StrEnum):
+    """SPADE (Designer and Agent) or the paper's fixed-environment baseline (Agent only)."""
+
+    SPADE = "spade"
+    FIXED = "fixed"
+
+    @property
+    def designs(self) -> bool:
+        return self is Mode.SPADE
 
 
 def arch(**fields) -> ml_collections.ConfigDict:
@@ -49,7 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.total_cycles = 400
-    c.mode = "spade"  # spade | fixed (the paper's fixed-environment baseline)
+    c.mode = Mode.SPADE.value  # spade | fixed (the paper's fixed-environment baseline)
     c.fixed_pool = "seeds"  # fixed mode: 'seeds' or a directory of environment .py files
 
     c.model = ml_collections.ConfigDict()
@@ -83,22 +96,22 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.clip_high = 0.28
     c.train.tis_cap = 2.0  # importance-weight truncation for delayed / off-policy samples
     c.train.kl_coef = 0.0
-    c.train.remat = "block"  # none | block
+    c.train.remat = Remat.BLOCK.value  # none | block
     c.train.micro_batch = 8  # sequences per micro-batch (gradient accumulation is exact)
     c.train.seq_len = 32768  # longest trained sequence (memory plan)
 
     c.spade = ml_collections.ConfigDict()
-    c.spade.skills = SKILLS
+    c.spade.skills = tuple(GameType.GAME.skills)  # of spade.game_type
     c.spade.skills_per_regen = 3
     c.spade.regen_interval = 4
     c.spade.games_per_cycle = 24
     c.spade.plays_per_env = 8  # K no-hint plays; the same K with hint
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
-    c.spade.game_type = "game"  # game | tool_use
-    c.spade.reward_variant = "blend"
+    c.spade.game_type = GameType.GAME.value  # game | tool_use
+    c.spade.reward_variant = RewardVariant.BLEND.value
     c.spade.penalize_invalid = True
-    c.spade.hint_mode = "self"  # self | designer
+    c.spade.hint_mode = HintMode.SELF.value  # self | designer
     c.spade.designer_delay = 0  # 4 in the reference: cycles before Designer samples are trained
     # Delayed regret: hint plays against the regen cycle's no-hint plays (True), or against
     # every no-hint play of the delay window (False, the reference `regret` variant).
@@ -109,7 +122,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.spade.no_designer_training = False
     c.spade.step_timeout_s = 2.0
 
-    c.memory = ml_collections.ConfigDict(dict(capacity=200, mode="plr", staleness_coef=0.3))
+    c.memory = ml_collections.ConfigDict(dict(capacity=200, mode=MemoryMode.PLR.value,
+                                                     staleness_coef=0.3))
     c.corpus = ml_collections.ConfigDict(dict(source="stdlib", max_words=6000, data_dir=""))
 
     c.sandbox = ml_collections.ConfigDict(dict(allow_unsafe=False, warm_workers=8))
@@ -144,82 +158,281 @@ def load_config_file(path_or_name: str | Path) -> ml_collections.ConfigDict:
     return module.get_config()
 
 
-def model_config(cfg: ml_collections.ConfigDict) -> ModelConfig:
-    """The ModelConfig described by `cfg.model.arch`."""
-    return ModelConfig(**cfg.model.arch.to_dict())
+def _choice(enum_cls, value, key: str, problems: list[str]):
+    """`enum_cls(value)`, or None after noting the problem with the allowed values."""
+    if value in tuple(enum_cls):
+        return enum_cls(value)
+    problems.append(f"{key}={value!r}: use one of {tuple(m.value for m in enum_cls)}")
+    return None
 
 
-def mesh_shape(cfg: ml_collections.ConfigDict, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) with a single -1 filled from the device count."""
-    dims = [int(cfg.mesh.data), int(cfg.mesh.fsdp), int(cfg.mesh.tensor)]
-    if dims.count(-1) > 1:
-        raise ValueError("at most one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
-    if -1 in dims:
-        known = int(np.prod([d for d in dims if d != -1]))
-        if n_devices % known:
+_SCALAR_NAMES = {bool: "a bool", int: "an int", float: "a number", str: "a string"}
+
+
+def _type_problems(record_cls, values: dict) -> list[str]:
+    """`name=value must be an int` (a number, a bool, a string) for every value of a scalar field
+    of `record_cls` that has the wrong type; bools are not taken for numbers."""
+    out = []
+    for name, hint in typing.get_type_hints(record_cls).items():
+        if name not in values or hint not in _SCALAR_NAMES:
+            continue
+        value = values[name]
+        allowed = (int, float) if hint is float else (hint,)
+        if not isinstance(value, allowed) or (hint is not bool and isinstance(value, bool)):
+            out.append(f"{name}={value!r} must be {_SCALAR_NAMES[hint]}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    """Where the policy comes from: a checkpoint `source` (or 'random' built from `arch`)."""
+
+    source: str = "random"
+    tokenizer: str = "smollm2-135m-instruct"  # used when source is 'random'
+    arch: ModelConfig | None = None
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+
+    def problems(self) -> list[str]:
+        if self.source != "random" or self.arch is None:  # None: arch's problems already noted
+            return []
+        try:
+            self.arch.validate()
+        except (TypeError, ValueError) as err:
+            return [f"arch: {err}"]
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh axes; one of them may be -1 (filled with the devices left)."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def shape(self, n_devices: int) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) with a single -1 filled from the device count."""
+        dims = [int(self.data), int(self.fsdp), int(self.tensor)]
+        if dims.count(-1) > 1:
+            raise ValueError("at most one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
+        if -1 in dims:
+            known = int(np.prod([d for d in dims if d != -1]))
+            if n_devices % known:
+                raise ValueError(
+                    f"{n_devices} devices cannot be split into mesh {tuple(dims)}: "
+                    f"make the fixed axes divide {n_devices}"
+                )
+            dims[dims.index(-1)] = n_devices // known
+        if int(np.prod(dims)) != n_devices:
             raise ValueError(
-                f"{n_devices} devices cannot be split into mesh {tuple(dims)}: "
-                f"make the fixed axes divide {n_devices}"
+                f"mesh {tuple(dims)} uses {int(np.prod(dims))} devices but {n_devices} are "
+                "visible; set --config.mesh.fsdp=-1 to fill the mesh automatically"
             )
-        dims[dims.index(-1)] = n_devices // known
-    if int(np.prod(dims)) != n_devices:
-        raise ValueError(
-            f"mesh {tuple(dims)} uses {int(np.prod(dims))} devices but {n_devices} are visible; "
-            "set --config.mesh.fsdp=-1 to fill the mesh automatically"
-        )
-    return tuple(dims)
+        return tuple(dims)
 
 
-def rollout_batch(cfg: ml_collections.ConfigDict) -> int:
-    """Conversations the sampler holds at once: every play of every environment of a cycle."""
-    envs = cfg.spade.games_per_cycle + cfg.spade.replay_per_cycle
-    return envs * cfg.spade.plays_per_env * 2
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Temperatures and token budgets of the three kinds of generation."""
+
+    designer_temperature: float = 0.6
+    agent_temperature: float = 0.6
+    hint_temperature: float = 0.3
+    top_p: float = 1.0
+    top_k: int = 0
+    designer_max_new_tokens: int = 16384
+    agent_max_new_tokens: int = 8192  # per turn
+    hint_max_new_tokens: int = 256
+    max_context: int = 32768
+
+    def problems(self) -> list[str]:
+        keys = ("designer_max_new_tokens", "agent_max_new_tokens", "hint_max_new_tokens",
+                "max_context")
+        return [f"{k}={getattr(self, k)} must be >= 1" for k in keys if getattr(self, k) < 1]
 
 
-def context_len(cfg: ml_collections.ConfigDict) -> int:
-    """Longest sequence the sampler must hold (prompt plus all turns), capped by max_context."""
-    return int(cfg.sampling.max_context)
+@dataclasses.dataclass(frozen=True)
+class SpadeConfig:
+    """The SPADE cycle: what the Designer is asked for, how often, and how it is rewarded.
+
+    `parse` leaves an enum field None when its value was refused (and reported).
+    """
+
+    skills: tuple[str, ...]
+    skills_per_regen: int
+    regen_interval: int
+    games_per_cycle: int
+    plays_per_env: int  # K no-hint plays; the same K with hint
+    max_turns: int
+    max_attempts: int
+    game_type: GameType
+    reward_variant: RewardVariant
+    penalize_invalid: bool
+    hint_mode: HintMode
+    designer_delay: int
+    matched_timing: bool
+    replay_per_cycle: int
+    no_corpus: bool
+    no_memory: bool
+    no_designer_training: bool
+
+    def problems(self) -> list[str]:
+        out = []
+        known = tuple(self.game_type.skills) if self.game_type is not None else None
+        unknown = [k for k in self.skills if known is not None and k not in known]
+        if unknown:
+            out.append(f"skills has unknown {sorted(unknown)} for game_type="
+                       f"{self.game_type.value!r}; known: {known}")
+        if not 1 <= self.skills_per_regen <= len(self.skills):
+            out.append(f"skills_per_regen={self.skills_per_regen} must be in "
+                       f"1..{len(self.skills)}")
+        if self.designer_delay < 0:
+            out.append(f"designer_delay={self.designer_delay} must be >= 0")
+        for key in ("regen_interval", "games_per_cycle", "plays_per_env", "max_turns",
+                    "max_attempts"):
+            if getattr(self, key) < 1:
+                out.append(f"{key}={getattr(self, key)} must be >= 1")
+        return out
 
 
-def validate(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> None:
-    """Raise ValueError listing every problem in `cfg` with what to change."""
-    problems = []
-    s = cfg.spade
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    """The environment memory (spade/memory.py): its size and eviction mode."""
+
+    capacity: int = 200
+    mode: MemoryMode = MemoryMode.PLR
+    staleness_coef: float = 0.3
+
+    def problems(self) -> list[str]:
+        out = [] if self.capacity >= 1 else [f"capacity={self.capacity} must be >= 1"]
+        if not 0.0 <= self.staleness_coef <= 1.0:
+            out.append(f"staleness_coef={self.staleness_coef} must be in [0, 1]")
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusConfig:
+    """The documents that ground the Designer's environments (spade/corpus.py)."""
+
+    source: str = "stdlib"
+    max_words: int = 6000
+    data_dir: str = ""
+
+    def problems(self) -> list[str]:
+        return [] if self.max_words >= 1 else [f"max_words={self.max_words} must be >= 1"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """In-loop evaluation every `every` cycles (0: off) on `limit` items per suite."""
+
+    every: int = 0
+    suites: str = "games"
+    limit: int = 8
+    games: str = "seeds"
+
+    def problems(self) -> list[str]:
+        return [] if self.limit >= 0 else [f"limit={self.limit} must be >= 0"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs, typed and checked; built once by `parse`."""
+
+    seed: int
+    total_cycles: int
+    mode: Mode
+    fixed_pool: str
+    model: PolicyConfig
+    mesh: MeshConfig
+    sampling: SamplingConfig
+    train: TrainConfig
+    spade: SpadeConfig
+    memory: MemoryConfig
+    corpus: CorpusConfig
+    sandbox: SandboxConfig
+    checkpoint_every: int
+    keep_checkpoints: int
+    log_every: int
+    eval: EvalConfig
+
+    @property
+    def rollout_batch(self) -> int:
+        """Conversations the sampler holds at once: every play of every environment of a cycle."""
+        envs = self.spade.games_per_cycle + self.spade.replay_per_cycle
+        return envs * self.spade.plays_per_env * 2
+
+    @property
+    def play_context(self) -> int:
+        """KV-cache length of one Agent conversation (`rollout.conversation_capacity`)."""
+        smp = self.sampling
+        return conversation_capacity(self.spade.max_turns, smp.agent_max_new_tokens,
+                                     smp.max_context)
+
+
+def _section(record_cls, values: dict, key: str, problems: list[str]):
+    """`record_cls(**values)` with its own `problems()` noted under `key`; None (after noting
+    why) if a value has the wrong type or the record cannot be built."""
+    wrong_types = _type_problems(record_cls, values)
+    if wrong_types:
+        problems += [f"{key}.{p}" for p in wrong_types]
+        return None
     try:
-        check_seed(cfg.seed)
+        record = record_cls(**values)
+    except (TypeError, ValueError) as err:
+        problems.append(f"{key}: {err}")
+        return None
+    problems += [f"{key}.{p}" for p in getattr(record, "problems", list)()]
+    return record
+
+
+def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunConfig:
+    """The typed `RunConfig` of `cfg`; a ConfigError listing every problem, by key path.
+
+    Every record that can be built is built and checked (a refused enum value leaves its field
+    None), so one error reports all the problems at once.
+    """
+    problems: list[str] = []
+    c = cfg.to_dict()
+    seed = c["seed"]
+    try:
+        check_seed(seed)
     except ValueError as err:
         problems.append(str(err))
-    if cfg.mode not in ("spade", "fixed"):
-        problems.append(f"mode={cfg.mode!r}: use 'spade' or 'fixed'")
-    if s.reward_variant not in REWARD_VARIANTS:
-        problems.append(f"spade.reward_variant={s.reward_variant!r}: use one of {REWARD_VARIANTS}")
-    unknown_skills = set(s.skills) - set(SKILLS)
-    if unknown_skills:
-        problems.append(f"spade.skills has unknown {sorted(unknown_skills)}; known: {SKILLS}")
-    if not 1 <= s.skills_per_regen <= len(s.skills):
-        problems.append(f"spade.skills_per_regen must be in 1..{len(s.skills)}")
-    if s.designer_delay < 0:
-        problems.append(f"spade.designer_delay={s.designer_delay} must be >= 0")
-    for key in ("regen_interval", "games_per_cycle", "plays_per_env", "max_turns", "max_attempts"):
-        if s[key] < 1:
-            problems.append(f"spade.{key}={s[key]} must be >= 1")
-    if s.hint_mode not in ("self", "designer"):
-        problems.append(f"spade.hint_mode={s.hint_mode!r}: use 'self' or 'designer'")
-    if s.game_type not in ("game", "tool_use"):
-        problems.append(f"spade.game_type={s.game_type!r}: use 'game' or 'tool_use'")
-    if cfg.memory.mode not in ("fifo", "plr"):
-        problems.append(f"memory.mode={cfg.memory.mode!r}: use 'fifo' or 'plr'")
-    if cfg.train.remat not in ("none", "block"):
-        problems.append(f"train.remat={cfg.train.remat!r}: use 'none' or 'block'")
-    if cfg.model.source == "random":
+    mode = _choice(Mode, c["mode"], "mode", problems)
+    model = dict(c["model"], arch=_section(ModelConfig, c["model"]["arch"], "model.arch",
+                                           problems))
+    model.setdefault("compute_dtype", model["param_dtype"])
+    t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
+    t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
+    s = dict(c["spade"], skills=tuple(c["spade"]["skills"]))
+    step_timeout_s = s.pop("step_timeout_s")
+    s["game_type"] = _choice(GameType, s["game_type"], "spade.game_type", problems)
+    s["reward_variant"] = _choice(RewardVariant, s["reward_variant"], "spade.reward_variant",
+                                  problems)
+    s["hint_mode"] = _choice(HintMode, s["hint_mode"], "spade.hint_mode", problems)
+    memory = dict(c["memory"])
+    memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
+    sandbox = SandboxConfig(allow_unsafe=bool(c["sandbox"]["allow_unsafe"]),
+                            warm_workers=int(c["sandbox"]["warm_workers"]),
+                            call_timeout_s=float(step_timeout_s))
+    mesh = _section(MeshConfig, c["mesh"], "mesh", problems)
+    if mesh is not None and n_devices is not None:
         try:
-            model_config(cfg).validate()
-        except (TypeError, ValueError) as err:
-            problems.append(f"model.arch: {err}")
-    if n_devices is not None:
-        try:
-            mesh_shape(cfg, n_devices)
+            mesh.shape(n_devices)
         except ValueError as err:
             problems.append(str(err))
+    run = RunConfig(
+        seed=seed, total_cycles=c["total_cycles"], mode=mode, fixed_pool=c["fixed_pool"],
+        model=_section(PolicyConfig, model, "model", problems), mesh=mesh,
+        sampling=_section(SamplingConfig, c["sampling"], "sampling", problems),
+        train=_section(TrainConfig, t, "train", problems),
+        spade=_section(SpadeConfig, s, "spade", problems),
+        memory=_section(MemoryConfig, memory, "memory", problems),
+        corpus=_section(CorpusConfig, c["corpus"], "corpus", problems), sandbox=sandbox,
+        checkpoint_every=c["checkpoint_every"], keep_checkpoints=c["keep_checkpoints"],
+        log_every=c["log_every"], eval=_section(EvalConfig, c["eval"], "eval", problems))
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+    return run

@@ -28,6 +28,7 @@ from jax.sharding import AbstractMesh
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
+from spade_jax.rl.trainer import Remat
 from spade_jax.sharding import MESH_AXES, fit_spec
 
 GIB = 1 << 30
@@ -55,7 +56,7 @@ class TrainShape:
     param_dtype: str
     compute_dtype: str
     mesh: tuple[int, int, int]
-    remat: str
+    remat: Remat
     micro_batch: int
     seq_len: int
     rollout_batch: int
@@ -98,8 +99,8 @@ def _per_device_elements(shape, spec, mesh: AbstractMesh) -> int:
 
 def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
     """Per-device memory of training `cfg` with `shape` (see the module docstring)."""
-    if shape.remat not in ("none", "block"):
-        raise ConfigError(f"train.remat={shape.remat!r}: use 'none' or 'block'")
+    if shape.remat not in tuple(Remat):
+        raise ConfigError(f"train.remat={shape.remat!r}: use one of {tuple(Remat)}")
     mesh = AbstractMesh(shape.mesh, MESH_AXES)
     data, fsdp, tensor = shape.mesh
     param_bytes = np.dtype(jnp.dtype(shape.param_dtype)).itemsize
@@ -131,7 +132,8 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
     per_token += 3 * mlp_width + (cfg.n_experts if cfg.is_moe else 0)
     layer_working_set = tokens * per_token * act_bytes // tensor
     scores = 2 * seqs * heads * shape.seq_len**2 * 4  # f32 scores and probabilities per layer
-    if shape.remat == "block":  # each layer keeps its input; one layer's intermediates live
+    if Remat(shape.remat).recompute_layers:  # each layer keeps its input; one layer's
+        # intermediates live
         activations = cfg.n_layers * tokens * cfg.d_model * act_bytes // tensor
         activations += layer_working_set + scores
         attention_scores = scores
@@ -195,25 +197,24 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
     return "\n".join(lines)
 
 
-def plan_from_config(run_cfg, n_devices: int) -> tuple[ModelConfig, TrainShape]:
-    """The architecture and TrainShape of a run config (`configs/*.py`) on `n_devices`."""
-    from spade_jax import config as run_config
-
+def plan_from_config(run, n_devices: int) -> tuple[ModelConfig, TrainShape]:
+    """The architecture and TrainShape of a `RunConfig` (spade_jax.config.parse) on
+    `n_devices`."""
     try:
-        mesh = run_config.mesh_shape(run_cfg, n_devices)
+        mesh = run.mesh.shape(n_devices)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     shape = TrainShape(
-        param_dtype=run_cfg.model.param_dtype,
-        compute_dtype=run_cfg.model.get("compute_dtype", run_cfg.model.param_dtype),
+        param_dtype=run.model.param_dtype,
+        compute_dtype=run.model.compute_dtype,
         mesh=mesh,
-        remat=run_cfg.train.remat,
-        micro_batch=int(run_cfg.train.micro_batch),
-        seq_len=int(run_cfg.train.seq_len),
-        rollout_batch=run_config.rollout_batch(run_cfg),
-        context_len=run_config.context_len(run_cfg),
+        remat=run.train.remat,
+        micro_batch=run.train.micro_batch,
+        seq_len=run.train.seq_len,
+        rollout_batch=run.rollout_batch,
+        context_len=run.sampling.max_context,
     )
-    return run_config.model_config(run_cfg), shape
+    return run.model.arch, shape
 
 
 def device_memory_bytes() -> int:
@@ -227,22 +228,19 @@ def device_memory_bytes() -> int:
     return int(ram // jax.local_device_count())
 
 
-def check_rollout_fits(run_cfg, n_devices: int, bytes_per_device: int) -> None:
+def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
     """Refuse, at start-up, a cycle whose Agent plays cannot all be held by the sampler.
 
     Every play of a cycle (K without and K with hint, for each generated and replayed
     environment) decodes in one batch on one KV cache; the plan's sampling peak for that batch
     must fit in `bytes_per_device`, or the run would die out of memory in its first cycle.
     """
-    from spade_jax.spade.rollout import conversation_capacity
-
-    cfg, shape = plan_from_config(run_cfg, n_devices)
-    s, smp = run_cfg.spade, run_cfg.sampling
-    shape = dataclasses.replace(shape, context_len=conversation_capacity(
-        s.max_turns, smp.agent_max_new_tokens, smp.max_context))
+    cfg, shape = plan_from_config(run, n_devices)
+    shape = dataclasses.replace(shape, context_len=run.play_context)
     plan = memory_plan(cfg, shape)
     if plan.sampling_peak <= bytes_per_device:
         return
+    s = run.spade
     fits = max_rollout_batch(cfg, shape, bytes_per_device)
     raise ConfigError(
         f"the Agent's plays do not fit in memory: spade.plays_per_env={s.plays_per_env} x 2 "
@@ -269,7 +267,9 @@ def main(argv) -> None:
         n_devices, hbm_gib = FLAGS.devices, FLAGS.hbm_gib
     else:
         raise ConfigError("pass --topology=v5p-64 (or v5e-N / v6e-N), or --devices=N --hbm-gib=G")
-    cfg, shape = plan_from_config(FLAGS.config, n_devices)
+    from spade_jax.config import parse
+
+    cfg, shape = plan_from_config(parse(FLAGS.config), n_devices)
     print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
 
 

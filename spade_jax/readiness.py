@@ -127,8 +127,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     """
     import jax
 
-    from spade_jax import config as config_lib
-    from spade_jax.rl.trainer import TrainConfig, TrainStep, make_optimizer
+    from spade_jax.rl.trainer import TrainStep, make_optimizer
     from spade_jax.sampling.sampler import Sampler
     from spade_jax.sharding import make_mesh
 
@@ -136,16 +135,11 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
         raise RuntimeError(
             f"{n_devices} devices needed but {jax.device_count()} are visible; on CPU set "
             f"XLA_FLAGS={CPU_DEVICES_FLAG}={n_devices} before JAX starts")
-    mesh = make_mesh(config_lib.mesh_shape(run_cfg, n_devices), jax.devices()[:n_devices])
-    full_cfg = config_lib.model_config(run_cfg)
+    mesh = make_mesh(run_cfg.mesh.shape(n_devices), jax.devices()[:n_devices])
+    full_cfg = run_cfg.model.arch
     model_cfg = full_cfg.replace(n_layers=int(layers)) if layers else full_cfg
     t = run_cfg.train
-    train_config = TrainConfig(
-        learning_rate=t.learning_rate, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
-        max_grad_norm=t.grad_clip, clip_low=t.clip_low, clip_high=t.clip_high,
-        tis_cap=t.tis_cap or None, kl_coef=t.kl_coef, remat=t.remat == "block",
-        micro_batches=micro_batches)
-    optimizer = make_optimizer(train_config)
+    optimizer = make_optimizer(t)
     # The full-depth state, abstractly: proves every parameter's spec fits the real mesh.
     _, full_state = abstract_train_state(full_cfg, optimizer, mesh, run_cfg.model.param_dtype)
     full = dict(layers=full_cfg.n_layers,
@@ -157,13 +151,13 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     del full_state
     model, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    rows = -(-int(t.micro_batch) // dp) * dp * micro_batches
+    rows = -(-t.micro_batch // dp) * dp * micro_batches
     seq_len = int(seq_len or t.seq_len)
-    rollout_batch = -(-(rollout_batch or config_lib.rollout_batch(run_cfg)) // dp) * dp
-    context = int(context or config_lib.context_len(run_cfg))
+    rollout_batch = -(-(rollout_batch or run_cfg.rollout_batch) // dp) * dp
+    context = int(context or run_cfg.sampling.max_context)
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
 
-    step = TrainStep(model_cfg, optimizer, mesh, train_config)
+    step = TrainStep(model_cfg, optimizer, mesh, t, micro_batches=micro_batches)
     sampler = Sampler(model, mesh=mesh, fuse_weights=False)
     lowerers = {
         "train_step": lambda: step.lower(state, train_batch(rows, seq_len)),
@@ -194,18 +188,17 @@ def lower_for_platform(run_cfg, n_devices: int, *, platform: str = "tpu", seq_le
     """
     from jax.sharding import AbstractMesh
 
-    from spade_jax import config as config_lib
     from spade_jax.rl.trainer import TrainConfig, TrainStep, make_optimizer
     from spade_jax.sharding import MESH_AXES
 
-    mesh = AbstractMesh(config_lib.mesh_shape(run_cfg, n_devices), MESH_AXES)
-    model_cfg = config_lib.model_config(run_cfg)
-    train_config = TrainConfig(remat=run_cfg.train.remat == "block", micro_batches=micro_batches)
+    mesh = AbstractMesh(run_cfg.mesh.shape(n_devices), MESH_AXES)
+    model_cfg = run_cfg.model.arch
+    train_config = TrainConfig(remat=run_cfg.train.remat, micro_batch=run_cfg.train.micro_batch)
     optimizer = make_optimizer(train_config)
     _, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    rows = -(-int(run_cfg.train.micro_batch) // dp) * dp * micro_batches
-    step = TrainStep(model_cfg, optimizer, mesh, train_config)
+    rows = -(-train_config.micro_batch // dp) * dp * micro_batches
+    step = TrainStep(model_cfg, optimizer, mesh, train_config, micro_batches=micro_batches)
     lowered, seconds = _timed(lambda: step.lower(state, train_batch(rows, seq_len),
                                                  lowering_platforms=(platform,)))
     return ProgramReport(f"train_step[{platform}]", seconds), lowered.as_text()
@@ -240,7 +233,9 @@ def main(argv) -> None:
     _ensure_devices(n_devices)
     import jax
 
-    run_cfg = FLAGS.config
+    from spade_jax.config import parse
+
+    run_cfg = parse(FLAGS.config)
     name = config_flags.get_config_filename(FLAGS["config"])
     print(f"readiness of {name} on {FLAGS.topology} ({n_devices} devices, "
           f"{jax.default_backend()} backend)")

@@ -14,6 +14,7 @@ already scored; `summary.json` and `summary.md` are written at the end (`report`
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import logging
 import shutil
@@ -124,7 +125,7 @@ def evaluate(
 ) -> dict:
     """Play every task (and its hinted variant), write results under `out_dir`; the summary.
 
-    `rt` needs `sampler`, `chat` and `cfg` (a `spade.runtime.Runtime`); the environments run
+    `rt` needs `sampler`, `chat` and `run` (a `spade.runtime.Runtime`); the environments run
     in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
@@ -144,7 +145,7 @@ def evaluate(
     if records:
         log.info("%s: %d rows already scored, %d episodes to play", out, len(records),
                  len(pending))
-    pool = _eval_pool(rt.cfg)
+    pool = _eval_pool(rt.run.sandbox)
     bar = tqdm(total=len(pending), desc="eval", unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
@@ -175,19 +176,21 @@ def summary_metrics(summary: dict) -> dict[str, float]:
     return metrics
 
 
-def in_loop_tasks(cfg) -> list[EvalTask]:
-    """The fixed subset `cfg.eval` names for in-loop evaluation (none when eval.every is 0)."""
-    if cfg.eval.every <= 0:
+def in_loop_tasks(eval_config, games_max_turns: int) -> list[EvalTask]:
+    """The fixed subset an `EvalConfig` names for in-loop evaluation (none when every is 0)."""
+    if eval_config.every <= 0:
         return []
-    return build_tasks(cfg.eval.suites, limit=cfg.eval.limit or None, games=cfg.eval.games,
-                       games_max_turns=cfg.spade.max_turns)
+    return build_tasks(eval_config.suites, limit=eval_config.limit or None,
+                       games=eval_config.games, games_max_turns=games_max_turns)
 
 
-def run_in_loop_eval(rt, cfg, tasks: Sequence[EvalTask], out_dir: str | Path | None
+def run_in_loop_eval(rt, run, tasks: Sequence[EvalTask], out_dir: str | Path | None
                      ) -> dict[str, float]:
-    """Evaluate `tasks` afresh (no hints, greedy) into `out_dir`; their `eval/*` metrics."""
-    summary = evaluate(rt, tasks, out_dir, max_new_tokens=cfg.sampling.agent_max_new_tokens,
-                       with_hints=False, resume=False, progress=False, seed=cfg.seed)
+    """Evaluate `tasks` afresh (no hints, greedy) into `out_dir`; their `eval/*` metrics.
+
+    `run` is the run's `RunConfig`."""
+    summary = evaluate(rt, tasks, out_dir, max_new_tokens=run.sampling.agent_max_new_tokens,
+                       with_hints=False, resume=False, progress=False, seed=run.seed)
     return summary_metrics(summary)
 
 
@@ -224,12 +227,12 @@ def restore_checkpoint(rt, path: str | Path) -> int:
     return step
 
 
-def _eval_pool(cfg):
-    from spade_jax.envs import EnvPool, SandboxConfig
+def _eval_pool(sandbox):
+    """A pool with the run's `SandboxConfig` and the evaluation's step timeout."""
+    from spade_jax.envs import EnvPool
 
-    sandbox = SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
-                            call_timeout_s=EVAL_STEP_TIMEOUT_S)
-    return EnvPool(sandbox, warm=cfg.sandbox.warm_workers)
+    return EnvPool(dataclasses.replace(sandbox, call_timeout_s=EVAL_STEP_TIMEOUT_S),
+                   warm=sandbox.warm_workers)
 
 
 def _batches(pending: list[tuple[EvalTask, bool]], batch_size: int):
@@ -242,8 +245,8 @@ def _batches(pending: list[tuple[EvalTask, bool]], batch_size: int):
             yield group[start:start + batch_size]
 
 
-def _game_type(task: EvalTask) -> str:
-    return "tool_use" if task.suite in TOOL_USE_SUITES else "game"
+def _game_type(task: EvalTask) -> prompts.GameType:
+    return prompts.GameType.TOOL_USE if task.suite in TOOL_USE_SUITES else prompts.GameType.GAME
 
 
 def _play(rt, pool, batch, *, max_new_tokens: int, temperature: float, seed: int
@@ -251,10 +254,10 @@ def _play(rt, pool, batch, *, max_new_tokens: int, temperature: float, seed: int
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
-    capacity = conversation_capacity(turns, max_new_tokens, rt.cfg.sampling.max_context)
+    capacity = conversation_capacity(turns, max_new_tokens, rt.run.sampling.max_context)
     return play_episodes(
         specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
-        system_prompt=prompts.agent_system_prompt(_game_type(batch[0][0])), max_turns=turns,
+        system_prompt=_game_type(batch[0][0]).agent_system_prompt, max_turns=turns,
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, capacity=capacity)
 
 

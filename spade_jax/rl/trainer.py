@@ -2,13 +2,14 @@
 
     optimizer = make_optimizer(TrainConfig(learning_rate=1e-6))
     state = init_train_state(model, optimizer, mesh)
-    step = TrainStep(model.cfg, optimizer, mesh, TrainConfig(micro_batches=2))
+    step = TrainStep(model.cfg, optimizer, mesh, TrainConfig(), micro_batches=2)
     state, metrics = step(state, batch)      # state is donated
     step.lower(abstract_state, abstract_batch).compile()   # AOT, e.g. spade_jax.readiness
 
 batch: tokens [B, T] int32, loss_mask [B, T], advantages [B] or [B, T], old_logp [B, T],
 optionally mask [B, T] (real tokens; default all), behaviour_logp (with tis_cap) and ref_logp
-(with kl_coef). B must divide into `micro_batches` and each micro-batch over the data axes.
+(with kl_coef). B must divide into `micro_batches` (a count; `TrainConfig.micro_batch` is
+sequences per micro-batch) and each micro-batch over the data axes.
 Micro-batches run in a `lax.scan`; their (loss sum, token count) and gradient sums are added
 and divided once, so k micro-batches give the same update as one batch.
 """
@@ -16,6 +17,7 @@ and divided once, so k micro-batches give the same update as one batch.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import flax.nnx as nnx
 import jax
@@ -32,22 +34,50 @@ from spade_jax.sharding import param_shardings
 _BATCH_AXES = ("data", "fsdp")
 
 
+class Remat(enum.StrEnum):
+    """Rematerialisation in the backward pass: none, or recompute each transformer block."""
+
+    NONE = "none"
+    BLOCK = "block"
+
+    @property
+    def recompute_layers(self) -> bool:
+        return self is Remat.BLOCK
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimiser and loss settings (docs/DESIGN.md §4.7 defaults)."""
+    """Optimiser, loss and batch settings, the run config's `train` block (docs/DESIGN.md §4.7).
+
+    `tis_cap` None turns importance-weight truncation off (0 in a config file).
+    """
 
     learning_rate: float = 1e-6
     b1: float = 0.9
     b2: float = 0.98
     weight_decay: float = 0.1
-    max_grad_norm: float = 1.0
+    grad_clip: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28
     tis_cap: float | None = None
     kl_coef: float = 0.0
     logprob_chunk: int = 256
-    remat: bool = False  # recompute each layer in the backward pass (less memory)
-    micro_batches: int = 1
+    remat: Remat = Remat.NONE
+    micro_batch: int = 8  # sequences per micro-batch (gradient accumulation is exact)
+    seq_len: int = 32768  # longest trained sequence
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, one message per problem (key names as in config)."""
+        out = []
+        if self.remat is not None and self.remat not in tuple(Remat):  # None: parse refused it
+            out.append(f"remat={self.remat!r}: use one of {tuple(Remat)}")
+        for key in ("micro_batch", "seq_len", "logprob_chunk"):
+            if getattr(self, key) < 1:
+                out.append(f"{key}={getattr(self, key)} must be >= 1")
+        if self.learning_rate < 0 or self.grad_clip <= 0:
+            out.append(f"learning_rate={self.learning_rate} must be >= 0 and grad_clip="
+                       f"{self.grad_clip} > 0")
+        return out
 
 
 @jax.tree_util.register_dataclass
@@ -61,7 +91,7 @@ class TrainState:
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW (weight decay on every parameter)."""
     return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.clip_by_global_norm(config.grad_clip),
         optax.adamw(config.learning_rate, b1=config.b1, b2=config.b2,
                      weight_decay=config.weight_decay),
     )
@@ -97,7 +127,8 @@ def init_train_state(model: Transformer, optimizer, mesh: Mesh) -> TrainState:
 def _micro_loss(graphdef, config: TrainConfig, params, micro):
     model = nnx.merge(graphdef, params)
     logp = token_logprobs(model, micro["tokens"], micro.get("mask"),
-                          chunk_size=config.logprob_chunk, remat=config.remat)
+                          chunk_size=config.logprob_chunk,
+                          remat=Remat(config.remat).recompute_layers)
     loss_sum, count, metrics = ppo_clip_loss(
         logp, micro["old_logp"], micro["advantages"], micro["loss_mask"],
         clip_low=config.clip_low, clip_high=config.clip_high,
@@ -109,6 +140,8 @@ def _micro_loss(graphdef, config: TrainConfig, params, micro):
 
 class TrainStep:
     """The jitted `step(state, batch) -> (state, metrics)` with explicit shardings; donates state.
+
+    `step` and `step.lower` split the batch into `micro_batches` micro-batches.
 
     metrics: loss (token-mean), tokens, clip_fraction, ratio, approx_kl (token means),
     grad_norm (before clipping). `grouped(state, [(batch, micro_batches), ...])` is one
@@ -123,8 +156,9 @@ class TrainStep:
     """
 
     def __init__(self, model_cfg: ModelConfig, optimizer, mesh: Mesh,
-                 config: TrainConfig = TrainConfig()):
+                 config: TrainConfig = TrainConfig(), micro_batches: int = 1):
         self.config = config
+        self.micro_batches = micro_batches
         self.optimizer = optimizer
         self.mesh = mesh
         self.graphdef, _ = _abstract_split(model_cfg)
@@ -204,7 +238,7 @@ class TrainStep:
 
     def __call__(self, state: TrainState, batch: dict):
         batch = self._to_device(batch)
-        return self._jitted_for("step", batch, self.config.micro_batches)(
+        return self._jitted_for("step", batch, self.micro_batches)(
             state, batch, jnp.float32(0))
 
     def grouped(self, state: TrainState, groups: list[tuple[dict, int]], skipped_tokens: int = 0):
@@ -228,5 +262,5 @@ class TrainStep:
         `lower_kwargs` go to `Traced.lower`, e.g. lowering_platforms=('tpu',) on an AbstractMesh.
         """
         skipped = jax.ShapeDtypeStruct((), jnp.float32)
-        return self._jitted_for("step", batch, self.config.micro_batches).trace(
+        return self._jitted_for("step", batch, self.micro_batches).trace(
             state, batch, skipped).lower(**lower_kwargs)

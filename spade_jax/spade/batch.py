@@ -9,10 +9,16 @@ batch to its size never drops every Designer sample (the reference's ordering).
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import numpy as np
 
-ROLES = ("designer", "agent")
+
+class Role(enum.StrEnum):
+    """Which role generated a sample: the Designer (an environment) or the Agent (a play)."""
+
+    DESIGNER = "designer"
+    AGENT = "agent"
 
 
 @dataclasses.dataclass
@@ -23,12 +29,13 @@ class TrainSample:
     loss_mask: np.ndarray  # bool [n]
     old_logp: np.ndarray  # float32 [n], 0 where loss_mask is False
     advantage: float
-    role: str
+    role: Role  # a Role's value is accepted too (e.g. read back from a checkpoint)
     weight: float = 1.0  # e.g. replay priority weight of an Agent sample
 
     def __post_init__(self):
-        if self.role not in ROLES:
-            raise ValueError(f"role {self.role!r} is not one of {ROLES}")
+        if self.role not in tuple(Role):
+            raise ValueError(f"role {self.role!r} is not one of {tuple(r.value for r in Role)}")
+        self.role = Role(self.role)
         n = len(self.tokens)
         if len(self.loss_mask) != n or len(self.old_logp) != n:
             raise ValueError(
@@ -53,8 +60,8 @@ def order_for_training(
     samples: list[TrainSample], max_samples: int | None = None
 ) -> list[TrainSample]:
     """Designer samples first, then Agent samples, trimmed to `max_samples`."""
-    ordered = [s for s in samples if s.role == "designer"] + [
-        s for s in samples if s.role == "agent"
+    ordered = [s for s in samples if s.role is Role.DESIGNER] + [
+        s for s in samples if s.role is Role.AGENT
     ]
     return ordered[:max_samples] if max_samples is not None else ordered
 
@@ -137,5 +144,5 @@ def assemble_batch(
         batch["advantages"][row, :n] = np.where(
             sample.loss_mask[:n], sample.advantage * sample.weight, 0.0
         )
-        batch["is_designer"][row] = sample.role == "designer"
+        batch["is_designer"][row] = sample.role is Role.DESIGNER
     return batch

@@ -17,7 +17,7 @@ import dataclasses
 
 from spade_jax.spade import regret
 from spade_jax.spade.batch import TrainSample
-from spade_jax.spade.rewards import DesignerOutcome
+from spade_jax.spade.rewards import DesignerOutcome, DesignerStatus
 
 
 @dataclasses.dataclass
@@ -28,7 +28,7 @@ class PendingDesign:
     cycle: int  # the regen cycle that wrote it (window offset 0)
     sample: TrainSample  # advantage filled in when due
     skill: str
-    status: str  # DesignerOutcome status at design time
+    status: DesignerStatus  # at design time
     env_id: str
     r_hint: float = 0.0
     window: regret.WindowReturns = dataclasses.field(default_factory=regret.WindowReturns)
@@ -44,7 +44,8 @@ class PendingDesign:
         window = regret.WindowReturns({int(k): [float(r) for r in v]
                                        for k, v in data["window"].items()})
         return cls(int(data["due"]), int(data["cycle"]), TrainSample.from_json(data["sample"]),
-                   data["skill"], data["status"], data["env_id"], float(data["r_hint"]), window)
+                   data["skill"], DesignerStatus(data["status"]), data["env_id"],
+                   float(data["r_hint"]), window)
 
 
 def record_plays(pending: list[PendingDesign], cycle: int,
@@ -56,18 +57,18 @@ def record_plays(pending: list[PendingDesign], cycle: int,
     for design in pending:
         offset = cycle - design.cycle
         in_window = offset < max(1, design.due - design.cycle)
-        if design.status == "ok" and in_window and design.env_id in nohint_returns:
+        if design.status == DesignerStatus.OK and in_window and design.env_id in nohint_returns:
             design.window.add(offset, nohint_returns[design.env_id])
 
 
 def due_outcome(design: PendingDesign, blacklist: set[str],
                 matched_timing: bool = True) -> DesignerOutcome:
     """The reward input of a due sample, from its whole delay window."""
-    if design.status != "ok":
+    if design.status != DesignerStatus.OK:
         return DesignerOutcome(design.skill, design.status)
     if design.env_id in blacklist:  # an env call timed out during the window
-        return DesignerOutcome(design.skill, "step_timeout")
+        return DesignerOutcome(design.skill, DesignerStatus.STEP_TIMEOUT)
     return DesignerOutcome(
-        design.skill, "ok",
+        design.skill, DesignerStatus.OK,
         regret=regret.window_regret(design.r_hint, design.window, matched_timing),
         win_rate=regret.window_mean_return(design.window))

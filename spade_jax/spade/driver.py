@@ -18,6 +18,7 @@ from tqdm import tqdm
 from spade_jax import config as config_lib
 from spade_jax import plan
 from spade_jax.checkpoint import Checkpointer
+from spade_jax.config import MemoryConfig
 from spade_jax.distributed import is_main_process
 from spade_jax.eval.runner import in_loop_tasks, run_in_loop_eval
 from spade_jax.metrics import MetricsWriter, PhaseTimer
@@ -27,10 +28,10 @@ from spade_jax.spade.loop import HostState, run_cycle, summarize
 from spade_jax.spade.memory import EnvMemory
 
 
-def fresh_state(cfg, seed_envs) -> HostState:
+def fresh_state(memory_config: MemoryConfig, seed_envs) -> HostState:
     """Cycle 0: memory seeded from our seed environments, no pool yet."""
-    memory = EnvMemory(capacity=cfg.memory.capacity, mode=cfg.memory.mode,
-                       staleness_coef=cfg.memory.staleness_coef)
+    memory = EnvMemory(capacity=memory_config.capacity, mode=memory_config.mode,
+                       staleness_coef=memory_config.staleness_coef)
     memory.seed_from((e.name, e.skill, e.code) for e in seed_envs)
     return HostState(cycle=0, memory=memory, pool=[])
 
@@ -52,6 +53,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
                  time_budget_s: float | None = None) -> list[dict]:
     """Train for `cfg.total_cycles` cycles in `workdir`; returns the per-cycle metrics.
 
+    `cfg` (the ConfigDict of a config file) is parsed here, once, into a `RunConfig`; only
+    its records travel further.
+
     A `runtime` may be passed in (tests share one across runs); it is then left open. With
     `time_budget_s`, no new cycle starts once that many seconds have passed (the cycle in
     progress finishes and is checkpointed): "train for an hour" on a laptop.
@@ -59,17 +63,17 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     started = time.monotonic()
     from spade_jax.spade.runtime import Runtime
 
-    config_lib.validate(cfg, jax.device_count())
-    plan.check_rollout_fits(cfg, jax.device_count(), plan.device_memory_bytes())
+    run = config_lib.parse(cfg, jax.device_count())
+    plan.check_rollout_fits(run, jax.device_count(), plan.device_memory_bytes())
     main = is_main_process()
     corpus = None  # read before the model is loaded: a bad corpus fails in seconds
-    if cfg.mode == "spade" and not cfg.spade.no_corpus:
-        corpus = load_corpus(cfg.corpus.source, max_words=cfg.corpus.max_words,
-                             tfds_data_dir=cfg.corpus.data_dir or None)
-    rt = runtime or Runtime.create(cfg)
+    if run.mode.designs and not run.spade.no_corpus:
+        corpus = load_corpus(run.corpus.source, max_words=run.corpus.max_words,
+                             tfds_data_dir=run.corpus.data_dir or None)
+    rt = runtime or Runtime.create(run)
     owns_runtime = runtime is None
-    checkpointer = Checkpointer(workdir, keep=cfg.keep_checkpoints)
-    state, history = fresh_state(cfg, rt.seed_envs), []
+    checkpointer = Checkpointer(workdir, keep=run.keep_checkpoints)
+    state, history = fresh_state(run.memory, rt.seed_envs), []
     latest = checkpointer.latest_step() if resume else None
     if latest is not None:
         device_state, host = checkpointer.restore(latest, rt.device_state())
@@ -78,24 +82,24 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
         logging.info("resuming at cycle %d from %s", state.cycle, checkpointer.directory)
     if main:
         write_config(cfg, workdir)
-    eval_tasks = in_loop_tasks(cfg)
+    eval_tasks = in_loop_tasks(run.eval, run.spade.max_turns)
     writer = MetricsWriter(workdir, enabled=main)
     artifacts = Artifacts(workdir, enabled=main)
-    bar = tqdm(total=cfg.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)
+    bar = tqdm(total=run.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)
     try:
-        while state.cycle < cfg.total_cycles:
+        while state.cycle < run.total_cycles:
             if time_budget_s is not None and time.monotonic() - started >= time_budget_s:
                 logging.info("time budget of %.0f s spent after cycle %d", time_budget_s,
                              state.cycle)
                 break
             cycle = state.cycle
             rt.timer = PhaseTimer()
-            metrics = run_cycle(rt, cfg, state, corpus, artifacts)
+            metrics = run_cycle(rt, run, state, corpus, artifacts)
             metrics.update(rt.timer.shares())
             metrics["throughput/tokens_per_s"] = rt.pop_tokens_per_second()
-            if eval_tasks and state.cycle % cfg.eval.every == 0:
+            if eval_tasks and state.cycle % run.eval.every == 0:
                 eval_dir = os.path.join(workdir, "eval", f"cycle_{cycle:05d}") if main else None
-                metrics.update(run_in_loop_eval(rt, cfg, eval_tasks, eval_dir))
+                metrics.update(run_in_loop_eval(rt, run, eval_tasks, eval_dir))
             writer.write(cycle, metrics)
             history.append({"cycle": cycle, **metrics})
             bar.update(1)
@@ -104,7 +108,7 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
                              if k in metrics})
             out_of_time = (time_budget_s is not None
                            and time.monotonic() - started >= time_budget_s)
-            if (state.cycle % cfg.checkpoint_every == 0 or state.cycle == cfg.total_cycles
+            if (state.cycle % run.checkpoint_every == 0 or state.cycle == run.total_cycles
                     or out_of_time):
                 checkpointer.save(state.cycle, rt.device_state(),
                                   {"state": state.to_json(), "history": history})

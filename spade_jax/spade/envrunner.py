@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from spade_jax.distributed import allgather_json, merge_across_processes
 from spade_jax.envs import EnvPool, StepResult
-from spade_jax.spade.hints import resolve_hint
+from spade_jax.spade.hints import HintMode, HintStatus, resolve_hint
 
 ENV_HINT = "\x00env-hint\x00"
 
@@ -30,7 +30,7 @@ class EpisodeStart:
     observation: str
     hint: str | None
     error: str = ""
-    hint_status: str = ""  # "" no hint asked (or no start), else resolve_hint's ok | empty | leak
+    hint_status: HintStatus = HintStatus.NONE  # NONE: no hint asked (or no start)
 
 
 class SandboxEnvRunner:
@@ -53,19 +53,19 @@ class SandboxEnvRunner:
         starts = []
         for spec, result in zip(specs, results, strict=True):
             hint, status = self._resolve_hint(result.handle, spec.hint) \
-                if (result.ok and spec.hint) else (None, "")
+                if (result.ok and spec.hint) else (None, HintStatus.NONE)
             starts.append(EpisodeStart(result.handle, result.ok, result.status,
                                        result.observation, hint, result.error, status))
         return starts
 
-    def _resolve_hint(self, handle: int, requested: str) -> tuple[str | None, str]:
+    def _resolve_hint(self, handle: int, requested: str) -> tuple[str | None, HintStatus]:
         """(hint shown, resolve_hint's reason) for a hint asked of this episode."""
-        mode, text = "self", requested
+        mode, text = HintMode.SELF, requested
         if requested == ENV_HINT:
             answer = self.pool.call(handle, "hint")
-            mode, text = "designer", answer.value if answer.ok else None
+            mode, text = HintMode.DESIGNER, answer.value if answer.ok else None
         if not isinstance(text, str) or not text.strip():
-            return None, "empty"
+            return None, HintStatus.EMPTY
         solution = self.pool.call(handle, "solution")
         known = solution.value if solution.ok and isinstance(solution.value, str) else None
         result = resolve_hint(mode, text, known)

@@ -16,6 +16,7 @@ The accepted hint is appended to the first observation only:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import re
 
@@ -23,11 +24,30 @@ from spade_jax.envs.contract import hint_leaks
 from spade_jax.spade.prompts import hint_messages
 
 __all__ = [
-    "HINT_MODES", "HINT_TEMPLATE", "HintResult", "clean_hint", "hint_leaks", "hint_messages",
-    "inject_hint", "resolve_hint",
+    "HINT_TEMPLATE", "HintMode", "HintResult", "HintStatus", "clean_hint", "hint_leaks",
+    "hint_messages", "inject_hint", "resolve_hint",
 ]
 
-HINT_MODES = ("self", "designer")
+
+
+class HintMode(enum.StrEnum):
+    """Who writes a hint: the policy reading the code (SELF) or the environment's hint()."""
+
+    SELF = "self"
+    DESIGNER = "designer"
+
+
+
+class HintStatus(enum.StrEnum):
+    """Why a hint asked for was shown (OK) or dropped (EMPTY after cleaning, or a LEAK of the
+    solution); NONE when no hint was asked."""
+
+    NONE = ""
+    OK = "ok"
+    EMPTY = "empty"
+    LEAK = "leak"
+
+
 HINT_TEMPLATE = "{first_observation}\n\nHINT: {hint}"
 MAX_HINT_WORDS = 100
 
@@ -74,24 +94,24 @@ class HintResult:
     """The accepted hint, or None with the reason (``empty`` or ``leak``)."""
 
     hint: str | None
-    reason: str = "ok"
+    reason: HintStatus = HintStatus.OK
 
     @property
     def accepted(self) -> bool:
         return self.hint is not None
 
 
-def resolve_hint(mode: str, text: str | None, solution: str | None) -> HintResult:
+def resolve_hint(mode: HintMode, text: str | None, solution: str | None) -> HintResult:
     """Clean and check a hint of ``mode`` against the environment's ``solution()``.
 
     ``text`` is the policy's reply in mode ``self`` and the env's ``hint()`` in mode
     ``designer``. ``solution`` None (unknown) skips the leak check.
     """
-    if mode not in HINT_MODES:
-        raise ValueError(f"hint mode {mode!r} is not one of {HINT_MODES}")
+    if mode not in tuple(HintMode):
+        raise ValueError(f"hint mode {mode!r} is not one of {tuple(HintMode)}")
     hint = clean_hint(text)
     if hint is None:
-        return HintResult(None, "empty")
+        return HintResult(None, HintStatus.EMPTY)
     if solution is not None and hint_leaks(hint, solution):
-        return HintResult(None, "leak")
+        return HintResult(None, HintStatus.LEAK)
     return HintResult(hint)

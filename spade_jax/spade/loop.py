@@ -21,7 +21,7 @@ from spade_jax.rl.advantages import group_zscore_advantages
 from spade_jax.seeding import SEED_LIMIT, derive_rng, derive_seed
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
-from spade_jax.spade.batch import TrainSample, order_for_training
+from spade_jax.spade.batch import Role, TrainSample, order_for_training
 from spade_jax.spade.delayed import PendingDesign, due_outcome, record_plays
 from spade_jax.spade.designer import (
     DesignAttempt,
@@ -30,8 +30,10 @@ from spade_jax.spade.designer import (
     env_id_for,
 )
 from spade_jax.spade.envrunner import ENV_HINT
+from spade_jax.spade.hints import HintMode, HintStatus
 from spade_jax.spade.memory import EnvMemory, new_record
-from spade_jax.spade.rollout import Episode, EpisodeSpec
+from spade_jax.spade.rewards import DesignerStatus
+from spade_jax.spade.rollout import Episode, EpisodeSpec, EpisodeStatus
 
 
 @dataclasses.dataclass
@@ -104,12 +106,12 @@ def designer_sample(rt, attempt: DesignAttempt, advantage: float) -> TrainSample
     mask[len(prompt_ids):] = True
     logp = np.zeros(len(tokens), np.float32)
     logp[len(prompt_ids):] = np.asarray(completion.logprobs, np.float32)
-    return TrainSample(tokens, mask, logp, float(advantage), "designer")
+    return TrainSample(tokens, mask, logp, float(advantage), Role.DESIGNER)
 
 
 def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> TrainSample:
     return TrainSample(episode.tokens, episode.loss_mask, episode.old_logp, float(advantage),
-                       "agent", weight)
+                       Role.AGENT, weight)
 
 
 def run_designer(
@@ -147,7 +149,7 @@ def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
     """Fill `env.hint` per the hint mode (the env runner leak-checks it per episode)."""
     if not envs:
         return
-    if cfg.spade.hint_mode == "designer":
+    if cfg.spade.hint_mode == HintMode.DESIGNER:
         for env in envs:
             env.hint = ENV_HINT
         return
@@ -202,13 +204,15 @@ def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[EnvPla
 
 
 def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
-    """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics."""
+    """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics.
+
+    `cfg` is the run's `RunConfig` (spade_jax.config.parse)."""
     s = cfg.spade
     rng = cycle_rng(cfg.seed, state.cycle, 0)
     metrics: dict[str, float] = {}
     attempts: list[DesignAttempt] = []
     regen = state.cycle % s.regen_interval == 0
-    if cfg.mode == "fixed":
+    if not cfg.mode.designs:
         if not state.pool:
             state.pool = rt.fixed_pool()
     elif regen:
@@ -234,7 +238,7 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
     plays = play_pool(rt, cfg, state, played_envs) if played_envs else []
 
     for played in plays:
-        if any(e.status == "timeout" for e in played.episodes):
+        if any(e.status == EpisodeStatus.TIMEOUT for e in played.episodes):
             state.blacklist.add(played.env.env_id)
 
     # Agent: per-environment z-scores over the no-hint plays; hint plays are never trained.
@@ -281,11 +285,11 @@ def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
     for attempt in attempts:
         env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
         if not attempt.valid:
-            status, r_hint = "invalid", 0.0
+            status, r_hint = DesignerStatus.INVALID, 0.0
         elif env_id in state.blacklist:
-            status, r_hint = "step_timeout", 0.0
+            status, r_hint = DesignerStatus.STEP_TIMEOUT, 0.0
         elif env_id in by_env:
-            status, r_hint = "ok", by_env[env_id].r_hint
+            status, r_hint = DesignerStatus.OK, by_env[env_id].r_hint
         else:
             continue
         pending.append(PendingDesign(due, state.cycle, designer_sample(rt, attempt, 0.0),
@@ -305,20 +309,15 @@ def designer_samples_for(
     outcomes = [due_outcome(d, state.blacklist, s.matched_timing) for d in due]
     if not outcomes:
         return [], np.zeros(0)
-    if s.reward_variant == "learning_potential":
-        for o in outcomes:
-            state.learning_potentials.setdefault(o.skill, rewards.LearningPotentialState())
-    n_designer = sum(1 for o in outcomes if o.status != "invalid" or s.penalize_invalid)
+    variant = s.reward_variant
+    state.learning_potentials = variant.trackers_for(outcomes, state.learning_potentials)
+    n_designer = sum(1 for o in outcomes
+                     if o.status != DesignerStatus.INVALID or s.penalize_invalid)
     scale = rewards.role_scale(n_agent, n_designer, s.regen_interval)
-    result = rewards.designer_rewards(outcomes, s.reward_variant, scale,
+    result = rewards.designer_rewards(outcomes, variant, scale,
                                       penalize_invalid=s.penalize_invalid,
                                       learning_potentials=state.learning_potentials)
-    if s.reward_variant == "learning_potential":  # once per skill per cycle, as the reference
-        for skill in {o.skill for o in outcomes if o.status == "ok"}:
-            mean = float(np.mean([o.win_rate for o in outcomes
-                                  if o.skill == skill and o.status == "ok"]))
-            state.learning_potentials[skill] = rewards.update_learning_potential(
-                state.learning_potentials[skill], mean)
+    state.learning_potentials = variant.end_of_cycle(outcomes, state.learning_potentials)
     samples = [dataclasses.replace(d.sample, advantage=float(adv))
                for d, adv, trained in zip(due, result.advantages, result.trained, strict=True)
                if trained]
@@ -379,7 +378,7 @@ def play_metrics(plays: list[EnvPlays], groups, n_designer, n_agent) -> dict[str
         # solution) cannot earn regret
         hinted = [e for p in plays for e in p.hinted]
         out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))
-        out["hints/leaked"] = float(sum(e.hint_status == "leak" for e in hinted))
+        out["hints/leaked"] = float(sum(e.hint_status == HintStatus.LEAK for e in hinted))
     return out
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import hashlib
 import io
 import tokenize
@@ -31,7 +32,15 @@ from spade_jax.envs.lint import parse_source
 
 MEMORY_FORMAT = "spade_jax.env_memory"
 MEMORY_FORMAT_VERSION = 1
-MEMORY_MODES = ("fifo", "plr")
+
+
+class MemoryMode(enum.StrEnum):
+    """Which record leaves a full memory: the oldest (FIFO) or the lowest replay score (PLR)."""
+
+    FIFO = "fifo"
+    PLR = "plr"
+
+
 POSITIVE_WIN_RANGE = (0.15, 0.85)
 NEGATIVE_WIN_BOUNDS = (0.1, 0.9)
 SHINGLE_SIZE = 3
@@ -201,11 +210,20 @@ class MemoryExamples:
     negatives: list[MemoryRecord]
 
 
+class AddStatus(enum.StrEnum):
+    """How `EnvMemory.add` treated a record: stored, already held (same code), or refused
+    (PLR: a full memory whose lowest replay score beats the newcomer's)."""
+
+    ADDED = "added"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+
+
 @dataclasses.dataclass(frozen=True)
 class AddResult:
-    """Outcome of `EnvMemory.add`: ``added``, ``duplicate`` or ``rejected`` (PLR, low regret)."""
+    """Outcome of `EnvMemory.add`: its status and the record it evicted, if any."""
 
-    status: str
+    status: AddStatus
     evicted_id: str | None = None
 
 
@@ -236,12 +254,12 @@ class EnvMemory:
     def __init__(
         self,
         capacity: int = 200,
-        mode: str = "fifo",
+        mode: MemoryMode | str = MemoryMode.FIFO,
         staleness_coef: float = 0.3,
         temperature: float = 1.0,
     ) -> None:
-        if mode not in MEMORY_MODES:
-            raise ValueError(f"memory mode {mode!r} is not one of {MEMORY_MODES}")
+        if mode not in tuple(MemoryMode):
+            raise ValueError(f"memory mode {mode!r} is not one of {tuple(MemoryMode)}")
         if capacity < 1:
             raise ValueError(f"memory capacity must be >= 1, got {capacity}")
         if not 0.0 <= staleness_coef <= 1.0 or temperature <= 0:
@@ -250,7 +268,7 @@ class EnvMemory:
                 f"{staleness_coef}, {temperature}"
             )
         self.capacity = capacity
-        self.mode = mode
+        self.mode = MemoryMode(mode)
         self.staleness_coef = staleness_coef
         self.temperature = temperature
         self.current_cycle = 0
@@ -313,20 +331,20 @@ class EnvMemory:
         if any(r.id == record.id for r in self._records):
             raise ValueError(f"memory already holds a record with id {record.id!r}")
         if any(r.code_hash == record.code_hash for r in self._records):
-            return AddResult("duplicate")
+            return AddResult(AddStatus.DUPLICATE)
         self.current_cycle = max(self.current_cycle, record.cycle)
         evicted: MemoryRecord | None = None
         if len(self._records) >= self.capacity:
-            if self.mode == "fifo":
+            if self.mode == MemoryMode.FIFO:
                 evicted = self._records[0]
             else:
                 lowest = int(np.argmin(self.priorities()))
                 if record.regret < self._records[lowest].regret:
-                    return AddResult("rejected")
+                    return AddResult(AddStatus.REJECTED)
                 evicted = self._records[lowest]
             self._records.remove(evicted)
         self._records.append(record)
-        return AddResult("added", None if evicted is None else evicted.id)
+        return AddResult(AddStatus.ADDED, None if evicted is None else evicted.id)
 
     def retrieve(
         self,
@@ -409,7 +427,7 @@ class EnvMemory:
         added = 0
         for name, skill, code in seeds:
             result = self.add(new_record(f"seed:{name}", skill, code, cycle=cycle))
-            added += result.status == "added"
+            added += result.status is AddStatus.ADDED
         return added
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,37 +13,70 @@ Also: the Agent's system prompt and first-turn messages, and the hint prompt of 
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from spade_jax.envs.skills import GAME_SKILLS, TOOL_USE_SKILLS
 from spade_jax.spade.memory import MemoryExamples, MemoryRecord
 
-GAME_TYPES = ("game", "tool_use")
+
+class GameType(enum.StrEnum):
+    """What the Designer writes: a text game (``\\boxed{}`` actions) or a tool-use
+    environment; each holds its skills, prompts, interface skeleton and worked example."""
+
+    GAME = "game"
+    TOOL_USE = "tool_use"
+
+    @classmethod
+    def parse(cls, value: str) -> GameType:
+        """The member named by ``value``, or a ValueError naming it and the choices."""
+        if value not in tuple(cls):
+            raise ValueError(f"game_type {value!r} is not one of {tuple(cls)}")
+        return cls(value)
+
+    @property
+    def is_tool_use(self) -> bool:
+        return self is GameType.TOOL_USE
+
+    @property
+    def skills(self) -> dict[str, str]:
+        """Skill name -> description, the skills a Designer of this type may be asked for."""
+        return TOOL_USE_SKILLS if self.is_tool_use else SKILLS
+
+    @property
+    def kind(self) -> str:
+        return "tool-use environment" if self.is_tool_use else "multi-turn text game"
+
+    @property
+    def designer_system_prompt(self) -> str:
+        return TOOL_USE_SYSTEM_PROMPT if self.is_tool_use else GAME_SYSTEM_PROMPT
+
+    @property
+    def design_rules(self) -> str:
+        return TOOL_USE_DESIGN_RULES if self.is_tool_use else GAME_DESIGN_RULES
+
+    @property
+    def skeleton(self) -> str:
+        return TOOL_USE_SKELETON if self.is_tool_use else GAME_SKELETON
+
+    @property
+    def default_example(self) -> str:
+        return DEFAULT_TOOL_USE_EXAMPLE if self.is_tool_use else DEFAULT_GAME_EXAMPLE
+
+    @property
+    def agent_system_prompt(self) -> str:
+        return TOOL_USE_AGENT_SYSTEM_PROMPT if self.is_tool_use else GAME_AGENT_SYSTEM_PROMPT
+
+    @property
+    def hint_system_prompt(self) -> str:
+        return TOOL_USE_HINT_SYSTEM_PROMPT if self.is_tool_use else GAME_HINT_SYSTEM_PROMPT
+
 MEMORY_CODE_CHARS = 2000
 DIFFICULTY_MIN_STEPS = {"easy": 2, "medium": 3, "hard": 4}
 
-SKILLS = {
-    "Mathematical_Reasoning": "computing with numbers, equations and quantities across "
-    "several dependent steps",
-    "Logical_Deduction": "drawing conclusions from premises, rules and constraints, ruling "
-    "possibilities out one by one",
-    "Spatial_Reasoning": "tracking positions, directions, paths and shapes on grids or maps",
-    "Pattern_Recognition": "discovering the hidden rule behind sequences, codes or "
-    "transformations and applying it",
-    "Optimization": "finding the best plan under limits of budget, capacity, time or moves",
-    "Causal_Inference": "finding which causes produce which effects by intervening and "
-    "observing the results",
-}
-
-TOOL_USE_SKILLS = {
-    "API_Orchestration": "chaining tool calls that change state one after another",
-    "Data_Retrieval": "finding information with query tools, then acting on it exactly",
-    "State_Modification": "a sequence of state changes, each depending on the state before",
-    "Error_Recovery": "handling tool errors: checking state, correcting arguments, retrying",
-    "Tool_Selection": "choosing the right tool among alternatives from the current state",
-    "Multi_Step_Workflows": "ordered workflows whose later steps need earlier results",
-}
+SKILLS = GAME_SKILLS  # the names of `spade.game_type=game` (spade_jax/envs/skills.py)
 
 GAME_SYSTEM_PROMPT = (
     "You are an expert Python programmer and game designer. You write interactive, "
@@ -332,7 +365,7 @@ def memory_block(
 def designer_messages(
     skill: str,
     *,
-    game_type: str = "game",
+    game_type: GameType | str = GameType.GAME,
     skill_description: str | None = None,
     difficulty: str = "medium",
     max_turns: int = 25,
@@ -346,22 +379,18 @@ def designer_messages(
     means no memory block. ``skill_description`` defaults to `SKILLS` / `TOOL_USE_SKILLS`;
     ``example_code`` to the built-in example of the game type.
     """
-    if game_type not in GAME_TYPES:
-        raise ValueError(f"game_type {game_type!r} is not one of {GAME_TYPES}")
+    game_type = GameType.parse(game_type)
     if difficulty not in DIFFICULTY_MIN_STEPS:
         raise ValueError(f"difficulty {difficulty!r} is not one of {tuple(DIFFICULTY_MIN_STEPS)}")
-    known = SKILLS if game_type == "game" else TOOL_USE_SKILLS
+    known = game_type.skills
     description = skill_description or known.get(skill)
     if description is None:
         raise ValueError(
             f"unknown {game_type} skill {skill!r}: pass skill_description or use one of "
             f"{sorted(known)}"
         )
-    tool_use = game_type == "tool_use"
-    rules = TOOL_USE_DESIGN_RULES if tool_use else GAME_DESIGN_RULES
-    skeleton = TOOL_USE_SKELETON if tool_use else GAME_SKELETON
-    example = example_code or (DEFAULT_TOOL_USE_EXAMPLE if tool_use else DEFAULT_GAME_EXAMPLE)
-    kind = "tool-use environment" if tool_use else "multi-turn text game"
+    rules, skeleton, kind = game_type.design_rules, game_type.skeleton, game_type.kind
+    example = example_code or game_type.default_example
     sections = []
     if document is not None:
         sections.append(
@@ -382,7 +411,7 @@ def designer_messages(
     if block:
         sections.append(block)
     sections.append(ANSWER_FORMAT)
-    system = TOOL_USE_SYSTEM_PROMPT if tool_use else GAME_SYSTEM_PROMPT
+    system = game_type.designer_system_prompt
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": "\n\n".join(sections)},
@@ -390,7 +419,8 @@ def designer_messages(
 
 
 def worked_example(
-    seed_envs: Iterable[Any], game_type: str = "game", exclude_skill: str | None = None
+    seed_envs: Iterable[Any], game_type: GameType | str = GameType.GAME,
+    exclude_skill: str | None = None,
 ) -> str | None:
     """Code of the shortest seed environment of ``game_type`` (None if there is none).
 
@@ -398,9 +428,7 @@ def worked_example(
     (``spade_jax.envs.seeds.SeedEnv``). Seeds of ``exclude_skill`` are avoided when another
     one exists, so that the example does not prime the target skill. Deterministic.
     """
-    if game_type not in GAME_TYPES:
-        raise ValueError(f"game_type {game_type!r} is not one of {GAME_TYPES}")
-    tool_use = game_type == "tool_use"
+    tool_use = GameType.parse(game_type).is_tool_use
     candidates = [e for e in seed_envs if bool(getattr(e, "is_tool_use", False)) == tool_use]
     preferred = [e for e in candidates if e.skill != exclude_skill] or candidates
     if not preferred:
@@ -423,17 +451,11 @@ TOOL_USE_AGENT_SYSTEM_PROMPT = (
 )
 
 
-def agent_system_prompt(game_type: str = "game") -> str:
-    """System prompt of the Reasoning Agent for a game or a tool-use environment."""
-    if game_type not in GAME_TYPES:
-        raise ValueError(f"game_type {game_type!r} is not one of {GAME_TYPES}")
-    return TOOL_USE_AGENT_SYSTEM_PROMPT if game_type == "tool_use" else GAME_AGENT_SYSTEM_PROMPT
-
-
-def agent_messages(first_observation: str, game_type: str = "game") -> list[dict[str, str]]:
+def agent_messages(first_observation: str, game_type: GameType | str = GameType.GAME
+                   ) -> list[dict[str, str]]:
     """The Agent's first-turn messages (the observation already carries any hint)."""
     return [
-        {"role": "system", "content": agent_system_prompt(game_type)},
+        {"role": "system", "content": GameType.parse(game_type).agent_system_prompt},
         {"role": "user", "content": first_observation},
     ]
 
@@ -466,11 +488,9 @@ use placeholders such as <order_id>;
 Reply with the hint text only: no preamble, no labels, no markdown."""
 
 
-def hint_messages(code: str, game_type: str = "game") -> list[dict[str, str]]:
+def hint_messages(code: str, game_type: GameType | str = GameType.GAME) -> list[dict[str, str]]:
     """Messages for hint mode ``self``: the policy reads ``code`` and writes a hint."""
-    if game_type not in GAME_TYPES:
-        raise ValueError(f"game_type {game_type!r} is not one of {GAME_TYPES}")
-    system = TOOL_USE_HINT_SYSTEM_PROMPT if game_type == "tool_use" else GAME_HINT_SYSTEM_PROMPT
+    system = GameType.parse(game_type).hint_system_prompt
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": f"Environment code:\n```python\n{code}\n```"},

@@ -16,6 +16,7 @@ The mathematics reproduces the reference (`spade-rl/spade`: `spade/core/utils/re
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,8 +26,84 @@ import numpy as np
 STEP_TIMEOUT_PENALTY = -0.5
 INVALID_GENERATION_PENALTY = -1.0
 FAILED_EPISODE_RETURN = -1.0
-DESIGNER_REWARD_VARIANTS = ("regret", "blend", "solve_rate", "learning_potential")
-DESIGNER_STATUSES = ("ok", "step_timeout", "invalid")
+
+
+class DesignerStatus(enum.StrEnum):
+    """Fate of one Designer sample: played, blacklisted for a step timeout, or invalid."""
+
+    OK = "ok"
+    STEP_TIMEOUT = "step_timeout"
+    INVALID = "invalid"
+
+    @property
+    def penalty(self) -> float | None:
+        """The fixed raw reward of a failure (None for a played sample)."""
+        return {DesignerStatus.STEP_TIMEOUT: STEP_TIMEOUT_PENALTY,
+                DesignerStatus.INVALID: INVALID_GENERATION_PENALTY}.get(self)
+
+
+class RewardVariant(enum.StrEnum):
+    """How a played Designer sample is scored (docs/DESIGN.md §4.6), and what the variant
+    keeps across cycles (only ``learning_potential`` keeps per-skill plateau trackers)."""
+
+    REGRET = "regret"
+    BLEND = "blend"
+    SOLVE_RATE = "solve_rate"
+    LEARNING_POTENTIAL = "learning_potential"
+
+    @classmethod
+    def parse(cls, value: str) -> RewardVariant:
+        """The member named by ``value``, or a ValueError naming it and the choices."""
+        if value not in tuple(cls):
+            raise ValueError(f"unknown designer reward variant {value!r}; choose one of "
+                             f"{tuple(cls)}")
+        return cls(value)
+
+    def score(self, outcome: DesignerOutcome,
+              learning_potentials: Mapping[str, LearningPotentialState] | None,
+              regret_floor: bool) -> float:
+        """Raw reward of a played (status ok) sample."""
+        if self is RewardVariant.REGRET:
+            return regret_reward(outcome.regret)
+        if self is RewardVariant.BLEND:
+            return blend_reward(outcome.regret, outcome.win_rate, regret_floor=regret_floor)
+        if self is RewardVariant.SOLVE_RATE:
+            return solve_rate_reward(outcome.win_rate)
+        if learning_potentials is None or outcome.skill not in learning_potentials:
+            raise ValueError(
+                f"variant 'learning_potential' needs a tracker for skill {outcome.skill!r}")
+        return learning_potential_reward(outcome.win_rate, learning_potentials[outcome.skill])
+
+    def trains_negative(self) -> bool:
+        """False for ``blend``: a played sample with a negative raw reward is not trained
+        (reference mask against the difficulty-easing death spiral)."""
+        return self is not RewardVariant.BLEND
+
+    def trackers_for(self, outcomes: Sequence[DesignerOutcome],
+                     trackers: Mapping[str, LearningPotentialState]
+                     ) -> dict[str, LearningPotentialState]:
+        """``trackers`` plus a fresh one for every skill in ``outcomes`` this variant scores
+        with a tracker (unchanged for the variants that keep none)."""
+        out = dict(trackers)
+        if self is RewardVariant.LEARNING_POTENTIAL:
+            for o in outcomes:
+                out.setdefault(o.skill, LearningPotentialState())
+        return out
+
+    def end_of_cycle(self, outcomes: Sequence[DesignerOutcome],
+                     trackers: Mapping[str, LearningPotentialState]
+                     ) -> dict[str, LearningPotentialState]:
+        """The trackers after a cycle's scoring: each played skill's tracker advances once
+        with its mean win rate, as the reference (unchanged for the other variants)."""
+        out = dict(trackers)
+        if self is not RewardVariant.LEARNING_POTENTIAL:
+            return out
+        played = [o for o in outcomes if o.status == DesignerStatus.OK]
+        for skill in {o.skill for o in played}:
+            mean = float(np.mean([o.win_rate for o in played if o.skill == skill]))
+            out[skill] = update_learning_potential(out[skill], mean)
+        return out
+
 
 
 def episode_return(rewards: Sequence[float], terminated: bool, failed: bool = False) -> float:
@@ -175,15 +252,16 @@ class DesignerOutcome:
     """
 
     skill: str
-    status: str = "ok"
+    status: DesignerStatus = DesignerStatus.OK
     regret: float = 0.0
     win_rate: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.status not in DESIGNER_STATUSES:
+        if self.status not in tuple(DesignerStatus):
             raise ValueError(
-                f"designer outcome status {self.status!r} is not one of {DESIGNER_STATUSES}"
+                f"designer outcome status {self.status!r} is not one of {tuple(DesignerStatus)}"
             )
+        object.__setattr__(self, "status", DesignerStatus(self.status))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +275,7 @@ class DesignerRewards:
 
 def raw_designer_reward(
     outcome: DesignerOutcome,
-    variant: str,
+    variant: RewardVariant | str,
     *,
     learning_potentials: Mapping[str, LearningPotentialState] | None = None,
     regret_floor: bool = True,
@@ -207,26 +285,11 @@ def raw_designer_reward(
     ``regret_floor`` is passed to `blend_reward` (reference ``--spade-regret-floor``, on in
     the recipe).
     """
-    if variant not in DESIGNER_REWARD_VARIANTS:
-        raise ValueError(
-            f"unknown designer reward variant {variant!r}; choose one of "
-            f"{DESIGNER_REWARD_VARIANTS}"
-        )
-    if outcome.status == "step_timeout":
-        return STEP_TIMEOUT_PENALTY
-    if outcome.status == "invalid":
-        return INVALID_GENERATION_PENALTY
-    if variant == "regret":
-        return regret_reward(outcome.regret)
-    if variant == "blend":
-        return blend_reward(outcome.regret, outcome.win_rate, regret_floor=regret_floor)
-    if variant == "solve_rate":
-        return solve_rate_reward(outcome.win_rate)
-    if learning_potentials is None or outcome.skill not in learning_potentials:
-        raise ValueError(
-            f"variant 'learning_potential' needs a tracker for skill {outcome.skill!r}"
-        )
-    return learning_potential_reward(outcome.win_rate, learning_potentials[outcome.skill])
+    variant = RewardVariant.parse(variant)
+    penalty = outcome.status.penalty
+    if penalty is not None:
+        return penalty
+    return variant.score(outcome, learning_potentials, regret_floor)
 
 
 def role_scale(
@@ -265,7 +328,7 @@ def center_per_skill(
 
 def designer_rewards(
     outcomes: Sequence[DesignerOutcome],
-    variant: str,
+    variant: RewardVariant | str,
     scale: float,
     *,
     penalize_invalid: bool = True,
@@ -280,6 +343,7 @@ def designer_rewards(
     difficulty-easing death spiral: a negative sample centred back up would get a positive
     advantage). Penalties (timeout, invalid) are kept and centred with their skill.
     """
+    variant = RewardVariant.parse(variant)
     raw = np.array(
         [
             raw_designer_reward(
@@ -291,9 +355,10 @@ def designer_rewards(
     )
     trained = np.ones(len(outcomes), dtype=bool)
     for index, outcome in enumerate(outcomes):
-        if outcome.status == "invalid" and not penalize_invalid:
+        if outcome.status == DesignerStatus.INVALID and not penalize_invalid:
             trained[index] = False
-        if variant == "blend" and outcome.status == "ok" and raw[index] < 0:
+        if (not variant.trains_negative() and outcome.status == DesignerStatus.OK
+                and raw[index] < 0):
             trained[index] = False
     advantages = center_per_skill(raw, [o.skill for o in outcomes], trained) * scale
     return DesignerRewards(raw=raw, trained=trained, advantages=advantages)

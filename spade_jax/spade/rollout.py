@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -39,6 +40,21 @@ class EpisodeSpec:
     max_turns: int | None = None
 
 
+class EpisodeStatus(enum.StrEnum):
+    """How an episode ended: normally, its environment crashed or timed out in the sandbox,
+    or the conversation outgrew the KV cache."""
+
+    OK = "ok"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    CONTEXT_FULL = "context_full"
+
+    @property
+    def failed(self) -> bool:
+        """The sandbox failed the episode (it scores FAILED_EPISODE_RETURN)."""
+        return self in (EpisodeStatus.CRASHED, EpisodeStatus.TIMEOUT)
+
+
 @dataclasses.dataclass
 class Episode:
     """A played episode: its token sequence (a training sample) and its outcome."""
@@ -49,15 +65,15 @@ class Episode:
     old_logp: np.ndarray
     rewards: list[float]
     terminated: bool
-    status: str  # ok | crashed | timeout | context_full
+    status: EpisodeStatus
     turns: int
     generated_tokens: int
     hint: str | None = None  # the hint this episode was shown (after the env runner's checks)
-    hint_status: str = ""  # why: "" none asked, else ok | empty | leak (EpisodeStart.hint_status)
+    hint_status: hint_lib.HintStatus = hint_lib.HintStatus.NONE  # EpisodeStart.hint_status
 
     @property
     def failed(self) -> bool:
-        return self.status in ("crashed", "timeout")
+        return EpisodeStatus(self.status).failed
 
     @property
     def episode_return(self) -> float:
@@ -156,7 +172,7 @@ def play_episodes(
         session = sampler.start(prompts, capacity=capacity)
     episode_rewards: list[list[float]] = [[] for _ in range(n)]
     terminated = [False] * n
-    status = ["ok" if s.ok else "crashed" for s in starts]
+    status = [EpisodeStatus.OK if s.ok else EpisodeStatus.CRASHED for s in starts]
     done = [not s.ok for s in starts]
     turns = [0] * n
     generated = [0] * n
@@ -180,7 +196,7 @@ def play_episodes(
         observations: list[list[int] | None] = [None] * n
         for i, result in zip(rows, results, strict=True):
             if not result.ok:
-                status[i], done[i] = result.status, True
+                status[i], done[i] = EpisodeStatus(result.status), True
                 continue
             episode_rewards[i].append(float(result.reward))
             if result.terminated or result.truncated:
@@ -193,7 +209,7 @@ def play_episodes(
                 observations[i] = chat.observation_turn(text, outputs[i].finish_reason == "stop")
         for i, ids in enumerate(observations):
             if ids is not None and len(ids) + max_new_tokens > session.free_slots:
-                observations[i], status[i], done[i] = None, "context_full", True
+                observations[i], status[i], done[i] = None, EpisodeStatus.CONTEXT_FULL, True
         if any(ids is not None for ids in observations):
             with phase("sampling"):
                 session.append(observations)

@@ -1,7 +1,7 @@
 """The runtime of a SPADE run: where device code (model, sampler, train step) meets host code
 (sandboxed environments). `loop.py` only talks to a Runtime, so it stays free of JAX.
 
-    rt = Runtime.create(cfg)
+    rt = Runtime.create(run)          # run: the RunConfig (spade_jax.config.parse)
     rt.generate(messages_list, ...)   # one-shot generation (Designer code, self hints)
     rt.validate_many(texts)           # the validation gate, in the sandbox
     rt.play(specs, seed=...)          # multi-turn Agent episodes on a live KV cache
@@ -17,17 +17,16 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
-from spade_jax import config as config_lib
+from spade_jax.config import RunConfig
 from spade_jax.distributed import assert_same_on_all_processes, map_over_processes, to_host
-from spade_jax.envs import EnvPool, SandboxConfig, ValidationReport, validate
+from spade_jax.envs import EnvPool, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
-from spade_jax.rl.trainer import TrainConfig, TrainStep, init_train_state, make_optimizer
+from spade_jax.rl.trainer import TrainStep, init_train_state, make_optimizer
 from spade_jax.sampling.generate import Completion
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
-from spade_jax.spade import prompts
 from spade_jax.spade.batch import (
     TrainSample,
     assemble_batch,
@@ -39,28 +38,26 @@ from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunn
 from spade_jax.spade.rollout import (
     ChatFormat,
     EpisodeSpec,
-    conversation_capacity,
     play_episodes,
 )
 
 log = logging.getLogger(__name__)
 
 
-def load_model_and_tokenizer(cfg, mesh):
-    """The policy's model and tokenizer from `cfg.model` (a checkpoint, or random weights)."""
+def load_model_and_tokenizer(run: RunConfig, mesh):
+    """The policy's model and tokenizer from `run.model` (a checkpoint, or random weights)."""
     from spade_jax.policy import load_policy
     from spade_jax.weights.gguf import smollm2_gguf_path
     from spade_jax.weights.tokenizer import load_tokenizer
 
-    dtype = jnp.dtype(cfg.model.param_dtype)
-    if cfg.model.source == "random":
-        model = Transformer(config_lib.model_config(cfg), rngs=nnx.Rngs(cfg.seed),
-                            param_dtype=dtype)
-        name = cfg.model.tokenizer
+    dtype = jnp.dtype(run.model.param_dtype)
+    if run.model.source == "random":
+        model = Transformer(run.model.arch, rngs=nnx.Rngs(run.seed), param_dtype=dtype)
+        name = run.model.tokenizer
         path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
         return model, load_tokenizer(path)
-    policy = load_policy(cfg.model.source, mesh=mesh, dtype=dtype)
-    if policy.config != config_lib.model_config(cfg):
+    policy = load_policy(run.model.source, mesh=mesh, dtype=dtype)
+    if policy.config != run.model.arch:
         log.warning("the checkpoint's architecture differs from config.model.arch; "
                     "using the checkpoint's: %s", policy.config)
     return policy.model, policy.tokenizer
@@ -69,28 +66,23 @@ def load_model_and_tokenizer(cfg, mesh):
 class Runtime:
     """Model, sampler, optimizer state and sandbox pools of one run."""
 
-    def __init__(self, cfg, model, tokenizer, mesh):
-        self.cfg = cfg
+    def __init__(self, run: RunConfig, model, tokenizer, mesh):
+        self.run = run
         self.mesh = mesh
         self.model = model
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer)
-        self.seed_envs = [e for e in list_seed_envs()
-                          if e.is_tool_use == (cfg.spade.game_type == "tool_use")]
-        t = cfg.train
-        self.train_config = TrainConfig(
-            learning_rate=t.learning_rate, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay,
-            max_grad_norm=t.grad_clip, clip_low=t.clip_low, clip_high=t.clip_high,
-            tis_cap=t.tis_cap or None, kl_coef=t.kl_coef, remat=t.remat == "block")
+        self.game_type = run.spade.game_type
+        self.seed_envs = list_seed_envs(tool_use=self.game_type.is_tool_use)
+        self.train_config = run.train
         self.optimizer = make_optimizer(self.train_config)
         self.train_state = init_train_state(model, self.optimizer, mesh)
         self.train_step = TrainStep(model.cfg, self.optimizer, mesh, self.train_config)
         self.sampler = Sampler(model, mesh=mesh)
-        sandbox = SandboxConfig(allow_unsafe=cfg.sandbox.allow_unsafe,
-                                call_timeout_s=cfg.spade.step_timeout_s)
-        self.pool = EnvPool(sandbox, warm=cfg.sandbox.warm_workers, max_turns=cfg.spade.max_turns)
-        self.validation_pool = EnvPool(sandbox, warm=2, max_turns=cfg.spade.max_turns)
-        self.envs = SandboxEnvRunner(self.pool, cfg.spade.max_turns)
+        max_turns = run.spade.max_turns
+        self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns)
+        self.validation_pool = EnvPool(run.sandbox, warm=2, max_turns=max_turns)
+        self.envs = SandboxEnvRunner(self.pool, max_turns)
         if jax.process_count() > 1:  # each host runs the environments of its own rows
             self.envs = ShardedEnvRunner(self.envs, jax.process_index(), jax.process_count())
         self.timer = PhaseTimer()
@@ -98,10 +90,10 @@ class Runtime:
         log.info("sandbox layers: %s", self.pool.layers)
 
     @classmethod
-    def create(cls, cfg) -> Runtime:
-        mesh = make_mesh(config_lib.mesh_shape(cfg, jax.device_count()))
-        model, tokenizer = load_model_and_tokenizer(cfg, mesh)
-        return cls(cfg, model, tokenizer, mesh)
+    def create(cls, run: RunConfig) -> Runtime:
+        mesh = make_mesh(run.mesh.shape(jax.device_count()))
+        model, tokenizer = load_model_and_tokenizer(run, mesh)
+        return cls(run, model, tokenizer, mesh)
 
     # ------------------------------------------------------------------ generation and play
     def generate(self, messages_list, *, temperature: float, max_new_tokens: int,
@@ -120,7 +112,7 @@ class Runtime:
     def validate(self, text: str) -> ValidationReport:
         """The validation gate on one Designer response, in this process's sandbox."""
         with self.timer.phase("env"):
-            return validate(text, max_turns=self.cfg.spade.max_turns, pool=self.validation_pool)
+            return validate(text, max_turns=self.run.spade.max_turns, pool=self.validation_pool)
 
     def validate_many(self, texts: list[str]) -> list[ValidationReport]:
         """`validate` of every response, each run by one process and shared with all.
@@ -132,24 +124,24 @@ class Runtime:
                                   decode=ValidationReport.from_json)
 
     def play(self, specs: list[EpisodeSpec], *, seed: int):
-        s, smp = self.cfg.spade, self.cfg.sampling
-        capacity = conversation_capacity(s.max_turns, smp.agent_max_new_tokens, smp.max_context)
+        s, smp = self.run.spade, self.run.sampling
+        capacity = self.run.play_context
         episodes = play_episodes(
             specs, sampler=self.sampler, envs=self.envs, chat=self.chat,
-            system_prompt=prompts.agent_system_prompt(s.game_type), max_turns=s.max_turns,
+            system_prompt=s.game_type.agent_system_prompt, max_turns=s.max_turns,
             max_new_tokens=smp.agent_max_new_tokens, temperature=smp.agent_temperature,
             seed=seed, capacity=capacity, timer=self.timer)
         self._generated_tokens += sum(e.generated_tokens for e in episodes)
         return episodes
 
     def fixed_pool(self) -> list[DesignedEnv]:
-        """The fixed-environment baseline pool (`cfg.fixed_pool`).
+        """The fixed-environment baseline pool (`run.fixed_pool`).
 
         'seeds': our seed environments; 'reasoning_gym[:CAT,CAT]': reasoning-gym tasks (one
         environment per category; each episode seed picks an item); otherwise a directory of
         environment .py files (e.g. the reference's released pool).
         """
-        source = self.cfg.fixed_pool
+        source = self.run.fixed_pool
         if source == "seeds":
             items = [(e.name, e.skill, e.code) for e in self.seed_envs]
         elif source.startswith("reasoning_gym"):
@@ -157,7 +149,7 @@ class Runtime:
 
             names = source.partition(":")[2]
             categories = tuple(names.split(",")) if names else DEFAULT_CATEGORIES
-            tasks = reasoning_gym_tasks(categories, size=1000, dataset_seed=self.cfg.seed)
+            tasks = reasoning_gym_tasks(categories, size=1000, dataset_seed=self.run.seed)
             first = {t.category: t for t in reversed(tasks)}
             items = [(f"rg_{c}", c, first[c].code) for c in categories]
         else:
@@ -173,8 +165,8 @@ class Runtime:
     def train(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step on `samples`: length groups, gradient accumulation, exact means."""
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        rows_per_micro = -(-self.cfg.train.micro_batch // dp) * dp
-        max_len = self.cfg.train.seq_len
+        rows_per_micro = -(-self.train_config.micro_batch // dp) * dp
+        max_len = self.train_config.seq_len
         # without a KL term, zero-advantage samples have exactly zero loss and gradient
         computed, skipped_tokens = (drop_zero_advantage(samples, max_len)
                                     if not self.train_config.kl_coef else (samples, 0))

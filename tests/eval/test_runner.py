@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from spade_jax.config import load_config_file  # noqa: E402
+from spade_jax.config import load_config_file, parse  # noqa: E402
 from spade_jax.errors import MissingFileError  # noqa: E402
 from spade_jax.eval import report, runner  # noqa: E402
 from spade_jax.eval.tasks import EvalTask  # noqa: E402
@@ -18,7 +18,7 @@ MAX_NEW_TOKENS = 16
 def runtime():
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(load_config_file("tiny"))
+    rt = Runtime.create(parse(load_config_file("tiny")))
     yield rt
     rt.close()
 

@@ -34,9 +34,10 @@ def learning_world(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def learning_runtime_session(learning_world):
+    from spade_jax.config import parse
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(learning_world)
+    rt = Runtime.create(parse(learning_world))
     initial = jax.device_get(nnx.state(rt.model))
     yield rt, initial
     rt.close()

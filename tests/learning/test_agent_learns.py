@@ -19,6 +19,7 @@ import os
 import numpy as np
 import pytest
 
+from spade_jax.config import parse
 from spade_jax.spade import loop
 from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.driver import fresh_state
@@ -35,12 +36,12 @@ def agent_config(base):
     cfg = base.copy_and_resolve_references()
     cfg.mode = "fixed"
     cfg.spade.plays_per_env = 8
-    return cfg
+    return parse(cfg)
 
 
 def train_agent(rt, cfg, workdir, budget: int = BUDGET_CYCLES) -> list[float]:
     """Run cycles until two in a row reach TARGET_RETURN or the budget ends; mean returns."""
-    state = fresh_state(cfg, rt.seed_envs)
+    state = fresh_state(cfg.memory, rt.seed_envs)
     artifacts = Artifacts(str(workdir), enabled=False)
     curve = []
     for _ in range(budget):

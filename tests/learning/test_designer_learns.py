@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pytest
 
+from spade_jax.config import parse
 from spade_jax.spade import loop
 from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.driver import fresh_state
@@ -45,7 +46,7 @@ def designer_config(base):
     cfg.spade.reward_variant = "regret"
     cfg.spade.no_memory = True
     cfg.sampling.designer_max_new_tokens = 1
-    return cfg
+    return parse(cfg)
 
 
 class ParametricDesigner:
@@ -104,7 +105,7 @@ def test_designer_moves_to_the_max_regret_band(learning_world, learning_runtime,
     monkeypatch.setattr(rt, "generate", designer.generate)
     monkeypatch.setattr(rt, "validate", designer.validate)
     monkeypatch.setattr(rt, "play", designer.play)
-    state = fresh_state(cfg, rt.seed_envs)
+    state = fresh_state(cfg.memory, rt.seed_envs)
     artifacts = Artifacts(str(tmp_path), enabled=False)
     shares = []
     for _ in range(BUDGET_CYCLES):

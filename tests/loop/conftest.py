@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from spade_jax.config import load_config_file
+from spade_jax.config import load_config_file, parse
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -13,6 +13,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def tiny_runtime():
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(load_config_file("tiny"))
+    rt = Runtime.create(parse(load_config_file("tiny")))
     yield rt
     rt.close()

@@ -49,15 +49,15 @@ def test_cli_prints_a_verdict():
 
 
 def test_rollout_check_passes_the_cpu_default_and_refuses_too_many_plays():
-    from spade_jax.config import load_config_file
+    from spade_jax.config import load_config_file, parse
     from spade_jax.plan import GIB, check_rollout_fits
 
     cfg = load_config_file("smollm2_135m")
-    check_rollout_fits(cfg, 1, 24 * GIB)  # the README's main job on a 24 GiB laptop
+    check_rollout_fits(parse(cfg), 1, 24 * GIB)  # the README's main job on a 24 GiB laptop
     # 64 x 2 x 3 = 384 conversations; each 2 x 30 layers x 4096 x 3 kv heads x 64 x 4 B = 180 MiB
     cfg.spade.plays_per_env = 64
     with pytest.raises(ConfigError) as err:
-        check_rollout_fits(cfg, 1, 24 * GIB)
+        check_rollout_fits(parse(cfg), 1, 24 * GIB)
     message = str(err.value)
     assert "spade.plays_per_env=64" in message and "384 conversations" in message
     assert "need 67.5 GiB of KV cache" in message and "1.5 GiB of parameters" in message

@@ -8,7 +8,7 @@ import pytest
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
-from spade_jax.rl.trainer import TrainConfig, TrainStep, init_train_state, make_optimizer
+from spade_jax.rl.trainer import Remat, TrainConfig, TrainStep, init_train_state, make_optimizer
 from spade_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=53, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -25,11 +25,11 @@ def batch(b=8, t=12, seed=0):
     )
 
 
-def run(mesh_shape, config, optimizer, steps=1):
+def run(mesh_shape, config, optimizer, steps=1, micro_batches=1):
     mesh = make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
     model = Transformer(CFG, rngs=nnx.Rngs(0))
     state = init_train_state(model, optimizer, mesh)
-    step = TrainStep(CFG, optimizer, mesh, config)
+    step = TrainStep(CFG, optimizer, mesh, config, micro_batches=micro_batches)
     for _ in range(steps):
         state, metrics = step(state, batch())
     return jax.tree.leaves(jax.device_get(state.params)), jax.device_get(metrics)
@@ -43,7 +43,7 @@ def assert_close(a, b, atol):
 def test_micro_batches_give_the_same_update():
     sgd = optax.sgd(1.0)  # linear in the gradient: any accumulation error would show
     one, m1 = run((1, 1, 1), TrainConfig(), sgd)
-    four, m4 = run((1, 1, 1), TrainConfig(micro_batches=4), sgd)
+    four, m4 = run((1, 1, 1), TrainConfig(), sgd, micro_batches=4)
     assert_close(one, four, atol=1e-6)
     np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-6)
     assert m1["tokens"] == m4["tokens"]
@@ -52,7 +52,7 @@ def test_micro_batches_give_the_same_update():
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 8, 1), (8, 1, 1)])
 def test_sharded_step_equals_single_device(mesh_shape):
-    config = TrainConfig(learning_rate=1e-3, micro_batches=1)
+    config = TrainConfig(learning_rate=1e-3)
     single, ms = run((1, 1, 1), config, make_optimizer(config), steps=2)
     sharded, mm = run(mesh_shape, config, make_optimizer(config), steps=2)
     assert_close(single, sharded, atol=2e-5)  # Adam normalises: ~lr x float noise / |g|
@@ -62,7 +62,7 @@ def test_sharded_step_equals_single_device(mesh_shape):
 def test_remat_matches_no_remat():
     sgd = optax.sgd(1.0)
     plain, _ = run((1, 1, 1), TrainConfig(), sgd)
-    remat, _ = run((1, 1, 1), TrainConfig(remat=True, logprob_chunk=5), sgd)
+    remat, _ = run((1, 1, 1), TrainConfig(remat=Remat.BLOCK, logprob_chunk=5), sgd)
     assert_close(plain, remat, atol=1e-6)
 
 

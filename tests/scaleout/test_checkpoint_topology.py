@@ -81,7 +81,7 @@ def test_train_state_restores_on_another_mesh(saved, target_shape):
 @pytest.mark.parametrize("target_shape", TARGETS)
 def test_training_run_checkpoint_restores_on_another_mesh(tiny_workdir, target_shape):
     cfg = load_config_file("tiny")
-    model_cfg = config_lib.model_config(cfg)
+    model_cfg = config_lib.parse(cfg).model.arch
     optimizer = make_optimizer(TrainConfig())
     ck = Checkpointer(str(tiny_workdir))
     step = ck.latest_step()

@@ -25,7 +25,7 @@ def trained_logits(workdir, tokens):
     """Our logits of `tokens` under the checkpoint's parameters (restored on one device)."""
     import flax.nnx as nnx
 
-    model_cfg = config_lib.model_config(load_config_file("tiny"))
+    model_cfg = config_lib.parse(load_config_file("tiny")).model.arch
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     model, target = abstract_train_state(model_cfg, make_optimizer(TrainConfig()), mesh,
                                          "float32")

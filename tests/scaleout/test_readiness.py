@@ -7,7 +7,7 @@ import sys
 import jax
 import pytest
 
-from spade_jax.config import load_config_file
+from spade_jax.config import load_config_file, parse
 from spade_jax.plan import format_plan, memory_plan, plan_from_config, topology_devices
 from spade_jax.readiness import lower_for_platform
 from tests.scaleout.conftest import ROOT
@@ -16,7 +16,7 @@ TOPOLOGY = "v5p-64"  # 32 chips: mesh (data 1, fsdp 4, tensor 8) for configs/30b
 
 
 def test_memory_plan_of_30b_on_v5p_64():
-    cfg = load_config_file("30b")
+    cfg = parse(load_config_file("30b"))
     n_devices, hbm = topology_devices(TOPOLOGY)
     model_cfg, shape = plan_from_config(cfg, n_devices)
     plan = memory_plan(model_cfg, shape)
@@ -30,7 +30,8 @@ def test_memory_plan_of_30b_on_v5p_64():
 
 def test_full_depth_train_step_lowers_for_tpu_on_an_abstract_slice():
     """No 32 devices needed: the real shardings on an AbstractMesh, lowered for TPU."""
-    report, text = lower_for_platform(load_config_file("30b"), 32, platform="tpu", seq_len=256)
+    report, text = lower_for_platform(parse(load_config_file("30b")), 32, platform="tpu",
+                                      seq_len=256)
     assert report.name == "train_step[tpu]"
     assert '"fsdp"=4' in text and '"tensor"=8' in text, text[:2000]
     assert jax.device_count() == 8  # this process never needed the slice's devices

@@ -28,7 +28,7 @@ import numpy as np
 
 from spade_jax import distributed
 from spade_jax.checkpoint import Checkpointer
-from spade_jax.config import load_config_file
+from spade_jax.config import load_config_file, parse
 from spade_jax.spade.batch import TrainSample
 from spade_jax.spade.driver import run_training
 from spade_jax.spade.runtime import Runtime
@@ -113,7 +113,7 @@ def check_sharded_episodes() -> None:
 
 def train(out_dir: str, restore_from: str | None = None) -> None:
     cfg = load_config_file("tiny")
-    rt = Runtime.create(cfg)
+    rt = Runtime.create(parse(cfg))
     try:
         if restore_from:
             dump(restore_newest(restore_from, rt), os.path.join(out_dir, "restored.npz"))

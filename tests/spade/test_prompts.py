@@ -132,8 +132,8 @@ def test_default_tool_use_example_is_solvable(seed):
 
 
 def test_agent_prompts():
-    assert "\\boxed{...}" in P.agent_system_prompt("game")
-    assert "<tool_call>" in P.agent_system_prompt("tool_use")
+    assert "\\boxed{...}" in P.GameType.GAME.agent_system_prompt
+    assert "<tool_call>" in P.GameType.TOOL_USE.agent_system_prompt
     messages = P.agent_messages("You stand in a maze.", "game")
     assert messages == [{"role": "system", "content": P.GAME_AGENT_SYSTEM_PROMPT},
                         {"role": "user", "content": "You stand in a maze."}]

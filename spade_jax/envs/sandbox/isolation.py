@@ -52,6 +52,7 @@ class SandboxConfig:
     use_bwrap: bool = True
     use_seccomp: bool = True
     allow_unsafe: bool = False
+    warm_workers: int = 8  # idle workers an EnvPool keeps started (the run's sandbox.warm_workers)
 
     def worker_config(self) -> dict:
         """The JSON configuration the worker receives on its command line."""

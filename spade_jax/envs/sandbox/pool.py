@@ -21,6 +21,7 @@ reports `truncated=True`, as gymnasium's TimeLimit does.
 
 import collections
 import dataclasses
+import enum
 import logging
 import math
 import os
@@ -36,7 +37,17 @@ from spade_jax.envs.sandbox.process import ProtocolError, WorkerProcess
 
 log = logging.getLogger(__name__)
 
-OK, ERROR, CRASHED, TIMEOUT = "ok", "error", "crashed", "timeout"
+
+class CallStatus(enum.StrEnum):
+    """Outcome of one sandbox call (see the module docstring)."""
+
+    OK = "ok"
+    ERROR = "error"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+
+
+OK, ERROR, CRASHED, TIMEOUT = CallStatus
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,14 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-SKILLS = (
-    "Mathematical_Reasoning",
-    "Logical_Deduction",
-    "Spatial_Reasoning",
-    "Pattern_Recognition",
-    "Optimization",
-    "Causal_Inference",
-)
+from spade_jax.envs.skills import GAME_SKILLS
+
+SKILLS = tuple(GAME_SKILLS)  # the game skills; every tool-use seed has TOOL_USE_SKILL
 TOOL_USE_SKILL = "Tool_Use"
 
 _SKILL_RE = re.compile(r"^Skill:\s*([A-Za-z_]+)\s*$", re.MULTILINE)

@@ -1,0 +1,103 @@
+"""config.parse: one ConfigError naming every problem by key path; frozen, typed records."""
+
+import dataclasses
+
+import ml_collections
+import pytest
+
+from spade_jax.config import Mode, RunConfig, load_config_file, parse
+from spade_jax.errors import ConfigError
+from spade_jax.rl.trainer import Remat
+from spade_jax.spade.hints import HintMode
+from spade_jax.spade.memory import MemoryMode
+from spade_jax.spade.prompts import TOOL_USE_SKILLS, GameType
+from spade_jax.spade.rewards import RewardVariant
+
+
+def tiny(**changes) -> ml_collections.ConfigDict:
+    """The tiny config with `changes` ('a.b' keys) applied, any type allowed."""
+    values = load_config_file("tiny").to_dict()
+    for key, value in changes.items():
+        *parents, name = key.split(".")
+        node = values
+        for parent in parents:
+            node = node[parent]
+        node[name] = value
+    return ml_collections.ConfigDict(values)
+
+
+def problems_of(cfg) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse(cfg)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "invalid config:"
+    return [line.removeprefix("  - ") for line in lines[1:]]
+
+
+def test_the_shipped_tiny_config_parses_into_typed_records():
+    run = parse(load_config_file("tiny"))
+    assert isinstance(run, RunConfig)
+    assert run.mode is Mode.SPADE and run.spade.game_type is GameType.GAME
+    assert isinstance(run.spade.reward_variant, RewardVariant)
+    assert isinstance(run.memory.mode, MemoryMode) and isinstance(run.train.remat, Remat)
+
+
+def test_every_problem_is_reported_at_once_with_its_key_path():
+    found = problems_of(tiny(**{"spade.reward_variant": "best", "memory.capacity": 0,
+                                "sampling.max_context": 0}))
+    assert len(found) == 3, found
+    assert any(p.startswith("spade.reward_variant='best'") for p in found), found
+    assert "memory.capacity=0 must be >= 1" in found
+    assert "sampling.max_context=0 must be >= 1" in found
+
+
+@pytest.mark.parametrize("seed", [-1, 2**31, 1.5, "abc", True])
+def test_a_seed_outside_the_31_bit_range_is_refused_naming_it(seed):
+    assert problems_of(tiny(seed=seed)) == [f"seed={seed!r} must be an int in [0, 2**31)"]
+
+
+@pytest.mark.parametrize("seed", [0, 3, 2**31 - 1])
+def test_a_seed_in_range_is_accepted(seed):
+    assert parse(tiny(seed=seed)).seed == seed
+
+
+def test_tool_use_skills_follow_the_game_type():
+    skills = tuple(TOOL_USE_SKILLS)[:3]
+    run = parse(tiny(**{"spade.game_type": "tool_use", "spade.skills": skills}))
+    assert run.spade.game_type is GameType.TOOL_USE and run.spade.skills == skills
+    [problem] = problems_of(tiny(**{"spade.game_type": "game", "spade.skills": skills}))
+    assert problem.startswith("spade.skills has unknown") and skills[0] in problem, problem
+
+
+@pytest.mark.parametrize("key, choices", [
+    ("mode", Mode), ("train.remat", Remat), ("spade.game_type", GameType),
+    ("spade.reward_variant", RewardVariant), ("spade.hint_mode", HintMode),
+    ("memory.mode", MemoryMode)])
+def test_a_bad_enum_value_lists_the_choices(key, choices):
+    [problem] = problems_of(tiny(**{key: "bogus"}))
+    assert problem.startswith(f"{key}='bogus': use one of"), problem
+    assert all(repr(choice.value) in problem for choice in choices), problem
+
+
+def test_a_non_numeric_architecture_field_is_a_problem_not_a_crash():
+    found = problems_of(tiny(**{"model.arch.d_model": "abc", "memory.capacity": 0}))
+    assert found == ["model.arch.d_model='abc' must be an int", "memory.capacity=0 must be >= 1"]
+
+
+def test_an_unknown_architecture_field_is_a_problem_with_its_key_path():
+    cfg = tiny()
+    cfg.model.arch.bogus = 1
+    [problem] = problems_of(cfg)
+    assert problem.startswith("model.arch: ") and "bogus" in problem, problem
+
+
+def test_records_are_frozen():
+    run = parse(load_config_file("tiny"))
+    records = [run] + [getattr(run, f.name) for f in dataclasses.fields(run)
+                       if dataclasses.is_dataclass(getattr(run, f.name))]
+    assert len(records) == 10  # the run and its 9 sections
+    records.append(run.model.arch)
+    for record in records:
+        field = dataclasses.fields(record)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(record, field, getattr(record, field))
