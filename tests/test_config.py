@@ -53,7 +53,7 @@ def test_every_problem_is_reported_at_once_with_its_key_path():
 
 @pytest.mark.parametrize("seed", [-1, 2**31, 1.5, "abc", True])
 def test_a_seed_outside_the_31_bit_range_is_refused_naming_it(seed):
-    assert problems_of(tiny(seed=seed)) == [f"seed={seed!r} must be an int in [0, 2**31)"]
+    assert problems_of(tiny(seed=seed)) == [f"seed={seed!r}: use an integer in [0, 2147483647]"]
 
 
 @pytest.mark.parametrize("seed", [0, 3, 2**31 - 1])
