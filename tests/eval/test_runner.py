@@ -62,7 +62,10 @@ def test_evaluate_writes_items_and_summary_then_resumes(runtime, tasks, tmp_path
     assert len(rows) == 6  # 2 games with and without hint, 2 reasoning-gym items
     assert sum(r["hint"] for r in rows) == 2
     assert all(r["info"]["hint_shown"] for r in rows if r["hint"])
-    assert all(r["n_steps"] >= 1 and r["info"]["replies"] for r in rows)
+    # Whatever the random model emits, every episode starts and plays at least one turn.
+    played = [(r["task_id"], r["info"]["status"], r["n_steps"], len(r["info"]["replies"]))
+              for r in rows]
+    assert all(n_steps >= 1 and n_replies >= 1 for _, _, n_steps, n_replies in played), played
     assert json.loads((tmp_path / report.SUMMARY_JSON).read_text()) == summary
     table = (tmp_path / report.SUMMARY_MD).read_text()
     for line in ("| games | (mean) | no |", "| games | (mean) | yes |",
