@@ -23,7 +23,8 @@ def test_tiny_config_runs_a_full_cycle(tmp_path, tiny_runtime):
     assert row["envs/played"] == cfg.spade.replay_per_cycle
     assert row["samples/agent"] == cfg.spade.replay_per_cycle * cfg.spade.plays_per_env
     assert np.isfinite(row["train/loss"])
-    # every advantage is 0 here: one sample is computed, the others only counted (exact)
+    # All designs are invalid, so each skill's Designer rewards are equal and centre to 0:
+    # those samples are counted, not computed, whatever the Agent played; one sample always is.
     assert 0 < row["train/skipped_tokens"] < row["train/tokens"]
     for key in ("time/sampling_share", "time/env_share", "time/training_share",
                 "throughput/tokens_per_s", "regret/mean", "return/hint", "return/nohint"):

@@ -33,13 +33,20 @@ def full_logprobs(model, seq):
     return np.asarray(jax.nn.log_softmax(logits, axis=-1))
 
 
+def assert_greedy(tokens, ref):
+    """Each token is the argmax of its row of reference log-probs, up to a float near-tie
+    (1e-4): another CPU rounds differently and may pick the other of two tied tokens."""
+    chosen = ref[np.arange(len(tokens)), tokens]
+    assert np.all(chosen >= ref.max(axis=-1) - 1e-4), (tokens, np.argmax(ref, axis=-1))
+
+
 def test_greedy_with_cache_equals_full_forward_argmax(model, sampler):
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [3]]
     turns = sampler.start(prompts, capacity=64).decode(12)
     for prompt, turn in zip(prompts, turns, strict=True):
         # one teacher-forced forward over the final sequence gives every step's logits
         ref = full_logprobs(model, prompt + turn.tokens)[len(prompt) - 1: -1]
-        assert turn.tokens == np.argmax(ref, axis=-1).tolist()
+        assert_greedy(turn.tokens, ref)
         np.testing.assert_allclose(turn.logprobs, ref[np.arange(12), turn.tokens], atol=1e-4)
         assert turn.finish_reason == "length" and len(turn.tokens) == 12
 
@@ -153,7 +160,7 @@ def test_bucket_padding_never_eats_the_decode_slots(model, sampler, prompt_len, 
     assert len(turn.tokens) == new_tokens and turn.finish_reason == "length"
     # The window grew across several decode segments; greedy still equals the full forward.
     ref = full_logprobs(model, prompt + turn.tokens)[prompt_len - 1: -1]
-    assert turn.tokens == np.argmax(ref, axis=-1).tolist()
+    assert_greedy(turn.tokens, ref)
     assert session.window < 2 * (prompt_len + new_tokens)
 
 
@@ -216,13 +223,6 @@ def test_generate_reuses_unchanged_weights_and_picks_up_new_ones():
     nnx.update(model, jax.tree.map(lambda a: -a, nnx.state(model, nnx.Param)))
     changed = generate(model, tok, ["hello"], max_new_tokens=8, ignore_eos=True)[0].tokens
     assert sampler.fused_weights is not prepared
-    expected = [int(t) for t in greedy_reference(model, tok.encode("hello"), 8)]
-    assert changed == expected and changed != first
-
-
-def greedy_reference(model, prompt, n):
-    """Greedy continuation by full forward passes (no cache)."""
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(np.argmax(np.asarray(forward_logits(model, jnp.asarray([seq]))[0, -1]))))
-    return seq[len(prompt):]
+    prompt = tok.encode("hello")
+    assert_greedy(changed, full_logprobs(model, prompt + changed)[len(prompt) - 1: -1])
+    assert changed != first
