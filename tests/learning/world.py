@@ -11,11 +11,17 @@
   symbol and the Agent must answer with it as its first word.
 * `DIAL_ENV_TEMPLATE`: the Designer's parametric family — a valid environment whose difficulty
   level is a parameter of its code.
+* `train_until` and `best_window_mean`: the criterion both tests use (the mean over a window of
+  cycles, not one noisy cycle); `sabotaged_train`: the broken pipelines it must catch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "<|im_start|>", "<|im_end|>"]
 SYMBOLS = ["A", "B", "C", "D"]
@@ -58,12 +64,11 @@ def build_tokenizer(directory: Path) -> int:
     return len(vocab)
 
 
-def learning_config(tokenizer_dir: Path, vocab_size: int, *, seed: int = 0):
+def learning_config(tokenizer_dir: Path, vocab_size: int):
     """The tiny config on the tiny vocabulary, sized for learning tests."""
     from spade_jax.config import arch, base_config
 
     c = base_config()
-    c.seed = seed
     c.model.source = "random"
     c.model.tokenizer = str(tokenizer_dir)
     c.model.arch = arch(vocab_size=vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -187,7 +192,52 @@ def dial_env_code(level: int, design: str) -> str:
     return DIAL_ENV_TEMPLATE.format(level=level, size=(level + 1) * 20, design=design)
 
 
-# The scripted Agent of fixed skill: win probability without / with the hint, per dial level.
-# The hint helps most at L2 (regret 0.75); the Designer's best choice is L2.
-SCRIPTED_WIN = {0: (0.95, 1.0), 1: (0.7, 0.9), 2: (0.15, 0.9), 3: (0.05, 0.3), 4: (0.0, 0.05)}
-MAX_REGRET_LEVEL = max(SCRIPTED_WIN, key=lambda lv: SCRIPTED_WIN[lv][1] - SCRIPTED_WIN[lv][0])
+# The scripted Agent of fixed skill: its return without / with the hint, per dial level (its win
+# probability, paid out without sampling noise). The hint helps most at L2 (regret 0.75; L3
+# is second at 0.25); the Designer's best choice is L2.
+SCRIPTED_RETURN = {0: (0.95, 1.0), 1: (0.7, 0.9), 2: (0.15, 0.9), 3: (0.05, 0.3), 4: (0.0, 0.05)}
+MAX_REGRET_LEVEL = max(SCRIPTED_RETURN,
+                       key=lambda lv: SCRIPTED_RETURN[lv][1] - SCRIPTED_RETURN[lv][0])
+
+
+def best_window_mean(curve: list[float], window: int) -> float:
+    """The highest mean over `window` consecutive cycles of `curve` (0.0 while it is shorter)."""
+    means = [float(np.mean(curve[i:i + window])) for i in range(len(curve) - window + 1)]
+    return max(means, default=0.0)
+
+
+def train_until(run_cycle: Callable[[], float], *, budget: int, window: int,
+                threshold: float) -> list[float]:
+    """Run cycles until the last `window` of them average at least `threshold`, or `budget`
+    cycles have run; the per-cycle values `run_cycle` returned (rounded to 3 decimals)."""
+    curve: list[float] = []
+    while len(curve) < budget:
+        curve.append(round(float(run_cycle()), 3))
+        if len(curve) >= window and np.mean(curve[-window:]) >= threshold:
+            break
+    return curve
+
+
+def _sign_flipped(sample):
+    return dataclasses.replace(sample, advantage=-sample.advantage)
+
+
+def _mask_shifted(sample):
+    """The loss mask and its log-probs one token early: the token before each generated one
+    is trained in its place (one token late would drop a sequence-final generated token)."""
+    earlier = lambda a: np.concatenate([a[1:], np.zeros(1, a.dtype)])  # noqa: E731
+    return dataclasses.replace(sample, loss_mask=earlier(sample.loss_mask),
+                               old_logp=earlier(sample.old_logp))
+
+
+SABOTAGES = {"advantage_sign_flipped": _sign_flipped, "loss_mask_shifted": _mask_shifted}
+
+
+def sabotaged_train(train: Callable, role: str, sabotage: str) -> Callable:
+    """`Runtime.train` with the `SABOTAGES[sabotage]` bug applied to every sample of `role`:
+    a broken pipeline that a learning test must not pass."""
+    broken = SABOTAGES[sabotage]
+
+    def train_broken(samples):
+        return train([broken(s) if s.role == role else s for s in samples])
+    return train_broken
