@@ -35,6 +35,7 @@ programs once (about two per window size it reaches).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Sequence
 from functools import partial
 from typing import NamedTuple
@@ -75,6 +76,13 @@ _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64
 _SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many steps when needed
 
 
+class FinishReason(enum.StrEnum):
+    """Why a row stopped generating: a stop token, or its token budget."""
+
+    STOP = "stop"
+    LENGTH = "length"
+
+
 @dataclasses.dataclass
 class TurnOutput:
     """What one row generated in one `Session.decode` call."""
@@ -82,7 +90,12 @@ class TurnOutput:
     tokens: list[int]
     logprobs: list[float]  # raw policy log-softmax (temperature 1): PPO old_logp
     sampling_logprobs: list[float]  # under the distribution actually sampled from
-    finish_reason: str  # 'stop' | 'length'
+    finish_reason: FinishReason
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the row ended with a stop token (its turn is complete)."""
+        return self.finish_reason is FinishReason.STOP
 
 
 def fused_decode_weights(model: Transformer) -> dict:
@@ -479,7 +492,7 @@ class Session:
         stop_ids = np.full((_STOP_ID_SLOTS,), -1, np.int32)
         stop_ids[: len(stop_token_ids)] = list(stop_token_ids)
         outputs: list[TurnOutput | None] = [
-            TurnOutput([], [], [], "length") if limit > 0 else None for limit in limits]
+            TurnOutput([], [], [], FinishReason.LENGTH) if limit > 0 else None for limit in limits]
         remaining, running = limits.copy(), limits > 0
         while running.any() and self.write_index < self.slots:
             want = min(int(remaining[running].max()), self.slots - self.write_index)
@@ -502,7 +515,7 @@ class Session:
                 self.sampling_logprobs[r] += sampling_logps
                 remaining[r] -= k
                 if stopped[r]:
-                    out.finish_reason = "stop"
+                    out.finish_reason = FinishReason.STOP
                 running[r] = not stopped[r] and remaining[r] > 0
         return outputs
 
