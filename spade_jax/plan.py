@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from spade_jax.cli import parse_flags
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
@@ -291,4 +292,4 @@ if __name__ == "__main__":
 
     _define_flags()
     sys.argv = [a.replace("--hbm-gib", "--hbm_gib", 1) for a in sys.argv]  # both spellings
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
