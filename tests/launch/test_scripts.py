@@ -27,7 +27,7 @@ ALL_SCRIPTS = (
         GPU / s
         for s in ("common.sh", "train_single_node.sh", "submit_slurm.sh", "train_slurm.sbatch")
     ]
-    + [REPO / "launch" / "install.sh", REPO / ".ci" / "run"]
+    + [REPO / "launch" / s for s in ("install.sh", "shell_lib.sh")] + [REPO / ".ci" / "run"]
 )
 # Settings the scripts read from the environment; the tests start from none of them.
 SETTINGS = (
