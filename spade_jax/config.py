@@ -21,6 +21,7 @@ import numpy as np
 
 from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
+from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.config import ModelConfig
 from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.seeding import check_seed
@@ -72,6 +73,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.arch = arch()
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
+    # Causal attention kernel: auto (splash on TPU, cuDNN on GPU in bf16/fp16, else xla),
+    # xla, splash (Pallas; interpreted off TPU) or cudnn. Cached extends/decode run XLA.
+    c.model.attention = AttentionKernel.AUTO.value
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # -1: fill with devices
 
@@ -193,6 +197,7 @@ class PolicyConfig:
     arch: ModelConfig | None = None
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
 
     def problems(self) -> list[str]:
         if self.source != "random" or self.arch is None:  # None: arch's problems already noted
@@ -405,6 +410,9 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     model = dict(c["model"], arch=_section(ModelConfig, c["model"]["arch"], "model.arch",
                                            problems))
     model.setdefault("compute_dtype", model["param_dtype"])
+    model["attention"] = _choice(AttentionKernel, model["attention"], "model.attention", problems)
+    if model["arch"] is not None and model["attention"] is not None:
+        model["arch"] = model["arch"].replace(attention=model["attention"])
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
     s = dict(c["spade"], skills=tuple(c["spade"]["skills"]))
