@@ -5,7 +5,7 @@
     python launch/eval.py --config=configs/smollm2_135m.py --checkpoint=runs/smollm2 \
         --out=runs/eval/trained                  # a training workdir or its checkpoints/<step>
     python launch/eval.py --compare runs/eval/base runs/eval/trained
-    python launch/eval.py --config=configs/qwen3_4b.py --checkpoint=runs/qwen3 --table=rq1 \
+    python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq1 \
         --data_dir=data/ --out=runs/rq1/trained   # the paper's RQ1 table, reference settings
 
 Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
