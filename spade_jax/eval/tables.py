@@ -136,7 +136,7 @@ def table_settings(table: str, overrides: str | Mapping[str, str] = "") -> dict[
         try:
             settings[suite] = dataclasses.replace(settings[suite], **{field: cast(value)})
         except ValueError as error:
-            raise ValueError(f"setting {key}={value!r} is not a {fields[field]}") from error
+            raise ValueError(f"setting {key}={value!r}: expected {fields[field]}") from error
     return settings
 
 

@@ -80,6 +80,33 @@ def test_answer_env_scores_one_reply_per_episode():
     assert env.step("\\boxed{41}")[1] == 0.0
 
 
+def test_rq1_items_score_inside_the_sandbox():
+    """math-verify runs in the sandbox worker: 84/2 equals 42 only by its rules."""
+    pytest.importorskip("math_verify")
+    pytest.importorskip("reasoning_gym")
+    from spade_jax import envs
+
+    try:
+        pool = envs.EnvPool(envs.SandboxConfig(), warm=1)
+    except envs.SandboxUnavailable as error:
+        pytest.skip(f"no sandbox here: {error}")
+    plays = [(rq1.aime_tasks(FIXTURES, 2025, 1)[0], "\\boxed{84/2}", 1.0),
+             (rq1.aime_tasks(FIXTURES, 2025, 1)[0], "\\boxed{41}", 0.0),
+             (rq1.gpqa_tasks(FIXTURES, 1)[0], "so the answer is \\boxed{D}", 1.0),
+             (rq1.rg_hard_tasks(1, 2, ["gcd"])[0], None, 1.0)]
+    try:
+        for task, reply, reward in plays:
+            first = pool.start(task.code, task.seed, max_turns=task.max_turns)
+            assert first.ok, first.error
+            if reply is None:
+                reply = pool.call(first.handle, "solution").value
+            result = pool.step(first.handle, reply)
+            pool.close(first.handle)
+            assert (result.reward, result.terminated) == (reward, True), (task.task_id, result)
+    finally:
+        pool.shutdown()
+
+
 def test_rg_paper_answers_come_from_answer_tags_else_boxed():
     assert rg_paper_answer("<answer>1</answer> then <ANSWER> 2 </ANSWER>") == "2"
     assert rg_paper_answer("no tag, \\boxed{7}") == "7"
@@ -141,7 +168,7 @@ def test_settings_are_the_reference_values_and_overridable():
     assert (changed["aime"].samples, changed["rg_hard"].temperature) == (4, 0.3)
     with pytest.raises(ValueError, match="unknown setting 'aime.beam'"):
         tables.table_settings("rq1", "aime.beam=2")
-    with pytest.raises(ValueError, match="is not a int"):
+    with pytest.raises(ValueError, match="aime.samples='many': expected int"):
         tables.table_settings("rq1", "aime.samples=many")
     with pytest.raises(ValueError, match="unknown table 'rq3'"):
         tables.table_settings("rq3")
