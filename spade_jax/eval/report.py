@@ -82,7 +82,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
     """The summary as a markdown table (suites' "(mean)" rows after their categories)."""
     pass_columns = [f"pass@{k}" for k in summary["ks"]]
     header = ["suite", "category", "hint", "episodes", "items", "mean return", "solved"]
-    lines = [_md_line(header + pass_columns), _md_line(["---"] * (len(header) + len(pass_columns)))]
+    lines = [md_line(header + pass_columns), md_line(["---"] * (len(header) + len(pass_columns)))]
     for row in _display_order(summary["rows"]):
         cells = [
             row["suite"],
@@ -93,7 +93,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             _fmt(row["mean_return"]),
             _fmt(row["solved"]),
         ] + [_fmt(row.get(column)) for column in pass_columns]
-        lines.append(_md_line(cells))
+        lines.append(md_line(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -120,8 +120,8 @@ def compare(dir_a: str | Path, dir_b: str | Path) -> str:
     rows_a, rows_b = (_rows_by_key(load_summary(d)) for d in (dir_a, dir_b))
     names = (Path(dir_a).name or str(dir_a), Path(dir_b).name or str(dir_b))
     lines = [
-        _md_line(["suite", "category", "hint", names[0], names[1], "delta"]),
-        _md_line(["---"] * 6),
+        md_line(["suite", "category", "hint", names[0], names[1], "delta"]),
+        md_line(["---"] * 6),
     ]
     ordered = _display_order([*rows_a.values(), *rows_b.values()])
     for key in dict.fromkeys((r["suite"], r["category"], r["hint"]) for r in ordered):
@@ -129,7 +129,7 @@ def compare(dir_a: str | Path, dir_b: str | Path) -> str:
         b = rows_b.get(key, {}).get("mean_return")
         delta = b - a if a is not None and b is not None else None
         hint = "yes" if key[2] else "no"
-        lines.append(_md_line([key[0], key[1], hint, _fmt(a), _fmt(b), _fmt(delta, signed=True)]))
+        lines.append(md_line([key[0], key[1], hint, _fmt(a), _fmt(b), _fmt(delta, signed=True)]))
     return "\n".join(lines) + "\n"
 
 
@@ -191,5 +191,5 @@ def _fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
-def _md_line(cells: Sequence[str]) -> str:
+def md_line(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"

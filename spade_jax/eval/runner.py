@@ -117,6 +117,8 @@ def evaluate(
     *,
     max_new_tokens: int,
     temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
     batch_size: int = 16,
     with_hints: bool = True,
     resume: bool = True,
@@ -129,8 +131,12 @@ def evaluate(
     in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
-    hosts of a run).
+    hosts of a run). `top_p` / `top_k` (1.0 / 0: off) are not yet passed to the rollout, which
+    samples with `temperature` only; a warning says so when they are set.
     """
+    if (top_p, top_k) != (1.0, 0):
+        log.warning("top_p=%s top_k=%s are not applied: play_episodes does not take them yet; "
+                    "sampling with temperature %s only", top_p, top_k, temperature)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and not resume:
         shutil.rmtree(out, ignore_errors=True)

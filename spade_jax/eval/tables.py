@@ -1,0 +1,287 @@
+"""The paper's result tables: each suite's reference sampling settings, columns and rendering.
+
+    settings = table_settings("rq1", overrides="aime.samples=4,rg_hard.episodes=2")
+    tasks = table_tasks("rq1", settings, data_dir="data/")    # suite -> [EvalTask]
+    ... runner.evaluate(rt, tasks[suite], out / suite, **settings[suite].evaluate_kwargs())
+    table = write_table(out, "rq1", settings)                  # table.json and table.md
+
+Every suite's settings live in `SUITE_SETTINGS`, read from the reference's
+`eval_offline/configs/games.yaml` (and the files it points at). A column is the fraction of a
+suite's episodes (all samples of all items) that scored full marks, over the episodes a
+column selects: this is the reference's mean over samples for AIME and GPQA (avg@n), pass@1
+for LiveCodeBench, and its episode-weighted win rate per bucket for reasoning-gym.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from spade_jax.eval import report, rq1
+
+log = logging.getLogger(__name__)
+
+TABLE_JSON = "table.json"
+TABLE_MD = "table.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteSettings:
+    """How one suite samples: per item `samples` episodes of up to `max_turns` turns."""
+
+    samples: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: no top-k cut
+    max_new_tokens: int  # per agent turn
+    max_turns: int = 1
+    unavailable: str = ""  # why the suite cannot run yet ("": it can)
+
+    def evaluate_kwargs(self) -> dict:
+        """The keyword arguments of `runner.evaluate` these settings fix."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, "top_k": self.top_k}
+
+
+SUITE_SETTINGS: dict[str, SuiteSettings] = {
+    # games.yaml suites.aime: n_samples_per_prompt 64, temperature 1.0, top_p 0.95, top_k 20,
+    # max_tokens 32768, years [2025, 2026].
+    "aime": SuiteSettings(samples=64, temperature=1.0, top_p=0.95, top_k=20,
+                          max_new_tokens=32768),
+    # games.yaml suites.gpqa_diamond: n_samples_per_prompt 8, temperature 0.7, top_p 0.95,
+    # max_tokens 32768 (no top_k).
+    "gpqa_diamond": SuiteSettings(samples=8, temperature=0.7, top_p=0.95, top_k=0,
+                                  max_new_tokens=32768),
+    # games.yaml suites.livecodebench: n_samples_per_prompt 1, temperature 0.2, top_p 0.95,
+    # max_tokens 16384, release_version release_v6.
+    "livecodebench": SuiteSettings(
+        samples=1, temperature=0.2, top_p=0.95, top_k=0, max_new_tokens=16384,
+        unavailable="LiveCodeBench v6 is not yet implemented (its test runner in our sandbox)"),
+    # _games_gem.yaml gem_eval: episodes 8, max_turns 2, temperature 0.6, max_tokens 8192 per
+    # task; top_p 0.8 and top_k 20 are fixed in the reference's gem_evaluator (Qwen3 card).
+    "rg_hard": SuiteSettings(samples=8, temperature=0.6, top_p=0.8, top_k=20,
+                             max_new_tokens=8192, max_turns=2),
+    # RQ2 suites (BFCL-v4 overall, tau2-bench, ACEBench): settings arrive with their suites.
+    "bfcl_v4": SuiteSettings(samples=1, temperature=0.0, top_p=1.0, top_k=0,
+                             max_new_tokens=8192, unavailable="BFCL-v4 overall is not yet a "
+                             "table suite (launch/eval.py --suites=bfcl_multi_turn runs its "
+                             "multi-turn part)"),
+    "tau2": SuiteSettings(samples=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192,
+                          unavailable="tau2-bench is not yet implemented"),
+    "acebench": SuiteSettings(samples=1, temperature=0.0, top_p=1.0, top_k=0,
+                              max_new_tokens=8192, unavailable="ACEBench is not yet implemented"),
+}
+AIME_YEARS = (2025, 2026)
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One table cell: the episodes of `suite` that `select(record)` keeps."""
+
+    name: str
+    suite: str
+    select: Callable[[dict], bool] = lambda record: True
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A paper table: the suites it runs, its columns and its averages (name -> columns)."""
+
+    suites: tuple[str, ...]
+    columns: tuple[Column, ...]
+    averages: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+def _rg_bucket_column(name: str, bucket: str) -> Column:
+    return Column(name, "rg_hard", lambda record: rq1.rg_bucket(record["category"]) == bucket)
+
+
+def _aime_column(year: int) -> Column:
+    return Column(f"AIME {year}", "aime", lambda record: record["category"] == str(year))
+
+
+RG_COLUMNS = ("RG:Math", "RG:Algorithmic", "RG:Cognition", "RG:Logic")
+TABLES: dict[str, Table] = {
+    # The reference's render_table RQ1 columns (table_mapping.RQ1_COLUMNS), plus the RG average.
+    "rq1": Table(
+        suites=("aime", "gpqa_diamond", "livecodebench", "rg_hard"),
+        columns=(*(_aime_column(year) for year in AIME_YEARS),
+                 Column("GPQA-Diamond", "gpqa_diamond"),
+                 Column("LiveCodeBench v6", "livecodebench"),
+                 *(_rg_bucket_column(name, name[3:].lower()) for name in RG_COLUMNS)),
+        averages={"RG:Average": RG_COLUMNS}),
+    "rq2": Table(suites=("bfcl_v4", "tau2", "acebench"), columns=()),
+}
+
+
+def table_settings(table: str, overrides: str | Mapping[str, str] = "") -> dict[str, SuiteSettings]:
+    """Settings of each suite of `table`, with `overrides` ("suite.field=value,...") applied."""
+    suites = _table(table).suites
+    settings = {suite: SUITE_SETTINGS[suite] for suite in suites}
+    if isinstance(overrides, str):
+        pairs = [item.split("=", 1) for item in overrides.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"overrides must read suite.field=value,..., got {overrides!r}")
+        overrides = {key.strip(): value.strip() for key, value in pairs}
+    fields = {f.name: f.type for f in dataclasses.fields(SuiteSettings) if f.name != "unavailable"}
+    for key, value in overrides.items():
+        suite, _, field = key.partition(".")
+        if suite not in settings or field not in fields:
+            raise ValueError(f"unknown setting {key!r}; suites {list(settings)}, fields "
+                             f"{list(fields)}")
+        cast = float if fields[field] == "float" else int
+        try:
+            settings[suite] = dataclasses.replace(settings[suite], **{field: cast(value)})
+        except ValueError as error:
+            raise ValueError(f"setting {key}={value!r}: expected {fields[field]}") from error
+    return settings
+
+
+def runnable_suites(table: str, settings: Mapping[str, SuiteSettings]) -> list[str]:
+    """Suites of `table` that can run; ValueError naming the reasons if none can."""
+    runnable = [suite for suite in _table(table).suites if not settings[suite].unavailable]
+    if not runnable:
+        reasons = "; ".join(settings[suite].unavailable for suite in _table(table).suites)
+        raise ValueError(f"table {table} cannot run yet: {reasons}")
+    return runnable
+
+
+def table_tasks(table: str, settings: Mapping[str, SuiteSettings], *,
+                data_dir: str | Path | None, limit: int | None = None) -> dict:
+    """Tasks per runnable suite of `table`; with `limit`, the first `limit` items per suite.
+
+    Missing data files raise `MissingFileError` naming the path, before any model is loaded.
+    """
+    tasks = {}
+    for suite in runnable_suites(table, settings):
+        s = settings[suite]
+        if suite == "aime":
+            built = [t for year in AIME_YEARS for t in rq1.aime_tasks(data_dir, year, s.samples)]
+        elif suite == "gpqa_diamond":
+            built = rq1.gpqa_tasks(data_dir, s.samples)
+        else:
+            built = rq1.rg_hard_tasks(s.samples, s.max_turns)
+        tasks[suite] = _first_items(built, limit, by_bucket=suite == "rg_hard")
+    return tasks
+
+
+def _first_items(tasks: list, limit: int | None, by_bucket: bool) -> list:
+    """All samples of the first `limit` items, taken round-robin over categories (or buckets)."""
+    from spade_jax.eval.runner import fixed_subset
+
+    firsts = [t for t in tasks if t.seed == 0]
+    if by_bucket:
+        firsts = [dataclasses.replace(t, category=rq1.rg_bucket(t.category)) for t in firsts]
+    kept = {t.task_id for t in fixed_subset(firsts, limit)}
+    return [t for t in tasks if t.task_id in kept]
+
+
+def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
+    """Per column and average: value (solved fraction or None), episodes, items."""
+    spec = _table(table)
+    values = {}
+    for column in spec.columns:
+        chosen = [r for r in records if r["suite"] == column.suite and column.select(r)]
+        solved = sum(r["return"] >= 1.0 for r in chosen)
+        values[column.name] = {"value": solved / len(chosen) if chosen else None,
+                               "episodes": len(chosen),
+                               "items": len({r["task_id"] for r in chosen})}
+    for name, members in spec.averages.items():
+        member_values = [values[m]["value"] for m in members]
+        mean = (None if None in member_values else sum(member_values) / len(member_values))
+        values[name] = {"value": mean, "episodes": sum(values[m]["episodes"] for m in members),
+                        "items": sum(values[m]["items"] for m in members)}
+    return values
+
+
+def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[str, SuiteSettings],
+              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0) -> dict:
+    """Play each suite's tasks with its settings into `out_dir/<suite>` (resumable); the table.
+
+    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`).
+    """
+    from spade_jax.eval import runner
+
+    for suite, suite_tasks in tasks.items():
+        log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
+        runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
+                        with_hints=False, seed=seed, **settings[suite].evaluate_kwargs())
+    return write_table(out_dir, table, settings)
+
+
+def write_table(out_dir: str | Path, table: str, settings: Mapping[str, SuiteSettings],
+                method: str | None = None) -> dict:
+    """Read each suite's `out_dir/<suite>/items.jsonl`; write table.json and table.md."""
+    out = Path(out_dir)
+    records = []
+    for suite in _table(table).suites:
+        items = out / suite / report.ITEMS_FILE
+        if items.is_file():
+            records += report.read_jsonl(items)
+    result = {
+        "table": table,
+        "method": method or out.resolve().name,
+        "values": table_values(table, records),
+        "settings": {suite: dataclasses.asdict(s) for suite, s in settings.items()},
+    }
+    (out / TABLE_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    (out / TABLE_MD).write_text(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    """The table as one markdown row per method (percent, one decimal; "—" when not run)."""
+    names = list(result["values"])
+    lines = [report.md_line(["Method", *names]), report.md_line(["---"] * (len(names) + 1)),
+             report.md_line([result["method"],
+                              *(_percent(result["values"][n]["value"]) for n in names)])]
+    missing = [f"{s}: {v['unavailable']}" for s, v in result["settings"].items()
+               if v["unavailable"]]
+    notes = "".join(f"\n— {line}" for line in missing)
+    return "\n".join(lines) + "\n" + (notes[1:] + "\n" if notes else "")
+
+
+def compare(dir_a: str | Path, dir_b: str | Path) -> str:
+    """Markdown with each column of two table runs side by side and B - A (percent points)."""
+    a, b = (load_table(d) for d in (dir_a, dir_b))
+    if a["table"] != b["table"]:
+        raise ValueError(f"{dir_a} holds table {a['table']}, {dir_b} table {b['table']}")
+    lines = [report.md_line(["column", a["method"], b["method"], "delta"]),
+             report.md_line(["---"] * 4)]
+    for name in dict.fromkeys([*a["values"], *b["values"]]):
+        va = a["values"].get(name, {}).get("value")
+        vb = b["values"].get(name, {}).get("value")
+        delta = None if va is None or vb is None else vb - va
+        lines.append(report.md_line([name, _percent(va), _percent(vb),
+                                      _percent(delta, signed=True)]))
+    return "\n".join(lines) + "\n"
+
+
+def load_table(out_dir: str | Path) -> dict:
+    """The table.json of a table run; MissingFileError naming it if absent."""
+    from spade_jax.errors import MissingFileError
+
+    path = Path(out_dir) / TABLE_JSON
+    if not path.is_file():
+        raise MissingFileError(f"{out_dir} holds no {TABLE_JSON}")
+    return json.loads(path.read_text())
+
+
+def is_table_dir(out_dir: str | Path) -> bool:
+    """Whether `out_dir` holds a table run (table.json) rather than a suite run."""
+    return (Path(out_dir) / TABLE_JSON).is_file()
+
+
+def _table(name: str) -> Table:
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}; choose from {list(TABLES)}")
+    return TABLES[name]
+
+
+def _percent(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 100:+.1f}" if signed else f"{value * 100:.1f}"
