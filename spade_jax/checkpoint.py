@@ -10,22 +10,25 @@ JSON on every process.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from spade_jax.errors import CheckpointError
+from spade_jax.workdir import absolute_path
 
 FORMAT_VERSION = 1
 
 
 class Checkpointer:
-    """Save and restore (device_state, host_data) pairs under `<workdir>/checkpoints`."""
+    """Save and restore (device_state, host_data) pairs under `<workdir>/checkpoints`.
+
+    `workdir` is a local path or a `gs://` URI (orbax writes both through epath/tensorstore).
+    """
 
     def __init__(self, workdir: str, *, keep: int = 3):
-        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.directory = str(absolute_path(workdir) / "checkpoints")
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 

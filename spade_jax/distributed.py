@@ -23,6 +23,7 @@ Crossing the host/device boundary with global arrays:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -37,14 +38,78 @@ from jax.experimental import multihost_utils
 _initialized = False
 
 
+@dataclasses.dataclass(frozen=True)
+class DetectedCluster:
+    """A cluster environment JAX recognises here (`jax._src.clusters`) and its process count;
+    `method` is its `cluster_detection_method` name for `jax.distributed.initialize` (None for
+    the ones JAX leaves unnamed)."""
+
+    name: str
+    process_count: int
+    method: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupDecision:
+    """How this process starts: `action` is "explicit" (coordinator given), "auto" (let
+    `jax.distributed.initialize()` read the detected cluster) or "single" (no initialisation);
+    `reason` is the log line saying why."""
+
+    action: str
+    reason: str
+
+
+def detect_cluster(cluster_types: Sequence | None = None) -> DetectedCluster | None:
+    """The first cluster environment JAX's own auto-detection would pick, or None.
+
+    Same order and rule as `jax.distributed.initialize()`: the first `ClusterEnv` subclass
+    that is not opt-in only and whose `is_env_present()` is true (GCE TPU VMs via the metadata
+    server, GKE TPU via TPU_WORKER_HOSTNAMES/TPU_PROCESS_ADDRESSES, SLURM, Open MPI,
+    Kubernetes). `cluster_types` stands in for JAX's list in tests.
+    """
+    if cluster_types is None:
+        from jax._src import clusters
+
+        cluster_types = clusters.ClusterEnv._cluster_types
+    for env in cluster_types:
+        if env.opt_in_only_method or not env.is_env_present():
+            continue
+        name = env.__name__
+        try:
+            count = env.get_process_count()
+        except Exception as err:  # a TPU VM whose metadata server does not answer, ...
+            raise RuntimeError(f"JAX detected cluster {name!r} but could not read its process "
+                               f"count: {type(err).__name__}: {err}") from err
+        return DetectedCluster(name, int(count), env.name or None)
+    return None
+
+
+def decide_startup(coordinator: str | None, detected: DetectedCluster | None) -> StartupDecision:
+    """Whether and how to join `jax.distributed` (pure: the inputs are what was detected).
+
+    An explicit coordinator always wins; otherwise a detected cluster of more than one process
+    is joined the way JAX detects it; a single process (a one-host TPU VM, a laptop) starts
+    alone, exactly as without `jax.distributed`.
+    """
+    if coordinator:
+        return StartupDecision("explicit", f"coordinator {coordinator} given (SPADE_COORDINATOR)")
+    if detected is None:
+        return StartupDecision("single", "no cluster environment detected: one process")
+    if detected.process_count > 1:
+        return StartupDecision(
+            "auto", f"cluster {detected.name!r} detected with {detected.process_count} processes")
+    return StartupDecision(
+        "single", f"cluster {detected.name!r} detected with 1 process: no initialisation")
+
+
 def initialize_from_environment(
     coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
 ) -> None:
-    """Join a multi-process run when the environment says there is one; no-op on one host.
+    """Join a multi-process run when the environment says there is one; no-op on one process.
 
     Sources, in order: explicit arguments; SPADE_COORDINATOR / SPADE_NUM_PROCESSES /
-    SPADE_PROCESS_ID; SLURM (SLURM_NTASKS > 1) and TPU VM slices (TPU_WORKER_HOSTNAMES with
-    more than one host), where `jax.distributed.initialize()` discovers everything itself.
+    SPADE_PROCESS_ID; JAX's own cluster detection (`detect_cluster`), where
+    `jax.distributed.initialize()` then discovers coordinator and process ids itself.
     """
     global _initialized
     if _initialized:
@@ -56,10 +121,13 @@ def initialize_from_environment(
         process_id = int(os.environ["SPADE_PROCESS_ID"])
     if os.environ.get("SPADE_CPU_COLLECTIVES"):
         jax.config.update("jax_cpu_collectives_implementation", os.environ["SPADE_CPU_COLLECTIVES"])
-    if coordinator:
+    detected = None if coordinator else detect_cluster()
+    decision = decide_startup(coordinator, detected)
+    logging.info("multi-host start-up: %s", decision.reason)
+    if decision.action == "explicit":
         jax.distributed.initialize(coordinator, num_processes, process_id)
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or _is_multi_host_tpu():
-        jax.distributed.initialize()
+    elif decision.action == "auto":
+        jax.distributed.initialize(cluster_detection_method=detected.method)
     else:
         return
     _initialized = True
@@ -67,11 +135,6 @@ def initialize_from_environment(
         "joined distributed run: process %d of %d, %d global devices",
         jax.process_index(), jax.process_count(), jax.device_count(),
     )
-
-
-def _is_multi_host_tpu() -> bool:
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    return len([h for h in hosts.split(",") if h]) > 1
 
 
 def is_main_process() -> bool:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from collections import defaultdict
 
 import numpy as np
+from etils import epath
+
+from spade_jax.workdir import is_remote, open_append, register_tensorboard_bucket_writer
 
 
 class MetricsWriter:
@@ -25,11 +27,14 @@ class MetricsWriter:
         self._tb = None
         if not enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+        directory = epath.Path(workdir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open_append(directory / "metrics.jsonl")
         from tensorboardX import SummaryWriter
 
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        if is_remote(workdir):
+            register_tensorboard_bucket_writer()
+        self._tb = SummaryWriter(str(directory / "tensorboard"))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record `metrics` for `step`; non-finite values are kept in JSON as null."""

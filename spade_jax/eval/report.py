@@ -15,8 +15,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
 from spade_jax.eval.humaneval import mean_pass_at_k
 from spade_jax.eval.tasks import EvalTask
+from spade_jax.workdir import open_append
 
 ITEMS_FILE = "items.jsonl"
 SUMMARY_JSON = "summary.json"
@@ -48,17 +51,19 @@ def episode_record(
 
 
 def append_jsonl(path: str | Path, records: Iterable[dict]) -> None:
-    """Append records to a JSONL file (one JSON object per line), creating parents."""
-    path = Path(path)
+    """Append records to a JSONL file (one JSON object per line), creating parents.
+
+    `path` may be local or `gs://` (a bucket object is rewritten whole: GCS has no append)."""
+    path = epath.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    with open_append(path) as handle:
         for record in records:
             handle.write(json.dumps(record, default=str) + "\n")
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """Records of a JSONL file."""
-    with Path(path).open() as handle:
+    with epath.Path(path).open() as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
@@ -99,7 +104,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 def write_results(out_dir: str | Path, records: Sequence[dict], ks: Sequence[int] = (1,)) -> dict:
     """Write items.jsonl, summary.json and summary.md under `out_dir`; return the summary."""
-    out_dir = Path(out_dir)
+    out_dir = epath.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / ITEMS_FILE).unlink(missing_ok=True)
     append_jsonl(out_dir / ITEMS_FILE, records)
@@ -108,7 +113,7 @@ def write_results(out_dir: str | Path, records: Sequence[dict], ks: Sequence[int
 
 def write_summary(out_dir: str | Path, records: Sequence[dict], ks: Sequence[int] = (1,)) -> dict:
     """Write summary.json and summary.md of `records` under `out_dir`; return the summary."""
-    out_dir = Path(out_dir)
+    out_dir = epath.Path(out_dir)
     summary = summarize(records, ks)
     (out_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / SUMMARY_MD).write_text(markdown_table(summary))
@@ -135,7 +140,7 @@ def compare(dir_a: str | Path, dir_b: str | Path) -> str:
 
 def load_summary(out_dir: str | Path) -> dict[str, Any]:
     """The summary.json of a result dir."""
-    return json.loads((Path(out_dir) / SUMMARY_JSON).read_text())
+    return json.loads((epath.Path(out_dir) / SUMMARY_JSON).read_text())
 
 
 def _row(suite: str, category: str, hint: bool, group: list[dict], ks: Sequence[int]) -> dict:

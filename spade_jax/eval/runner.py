@@ -17,11 +17,11 @@ import ast
 import dataclasses
 import itertools
 import logging
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+from etils import epath
 from tqdm import tqdm
 
 from spade_jax.envs.lint import parse_source
@@ -32,6 +32,7 @@ from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
 from spade_jax.spade.rollout import Episode, EpisodeSpec, conversation_capacity, play_episodes
+from spade_jax.workdir import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +138,9 @@ def evaluate(
     if (top_p, top_k) != (1.0, 0):
         log.warning("top_p=%s top_k=%s are not applied: play_episodes does not take them yet; "
                     "sampling with temperature %s only", top_p, top_k, temperature)
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None and not resume:
-        shutil.rmtree(out, ignore_errors=True)
+    out = epath.Path(out_dir) if out_dir is not None else None
+    if out is not None and not resume and out.exists():
+        out.rmtree()
     items = out / report.ITEMS_FILE if out is not None else None
     episodes = [(task, hint) for task in tasks
                 for hint in ((False, True) if with_hints and defines_hint(task.code) else (False,))]
@@ -198,11 +199,13 @@ def run_in_loop_eval(rt, tasks: Sequence[EvalTask], out_dir: str | Path | None, 
     return summary_metrics(summary)
 
 
-def checkpoint_location(path: str | Path) -> tuple[Path, int | None]:
-    """(training workdir, step or None for its newest) of a workdir or `checkpoints/<step>`."""
+def checkpoint_location(path: str | Path) -> tuple[epath.Path, int | None]:
+    """(training workdir, step or None for its newest) of a workdir or `checkpoints/<step>`.
+
+    `path` may be local or a `gs://` URI."""
     from spade_jax.errors import MissingFileError
 
-    path = Path(path).expanduser().resolve()
+    path = epath.Path(path) if is_remote(path) else epath.Path(Path(path).expanduser().resolve())
     if path.parent.name == "checkpoints" and path.name.isdigit():
         if not path.is_dir():
             raise MissingFileError(f"no checkpoint directory {path}")

@@ -8,34 +8,37 @@ play statistics. Only process 0 writes.
 from __future__ import annotations
 
 import json
-import os
+
+from etils import epath
+
+from spade_jax.workdir import write_text_atomic
 
 
 class Artifacts:
     """Writer of per-cycle environment files under `<workdir>/envs`."""
 
     def __init__(self, workdir: str, *, enabled: bool = True):
-        self.root = os.path.join(workdir, "envs")
+        self.root = epath.Path(workdir) / "envs"
         self.enabled = enabled
 
     def write_cycle(self, cycle: int, attempts, plays) -> None:
         """Write generated attempts (valid and rejected) and the stats of every env played."""
         if not self.enabled:
             return
-        folder = os.path.join(self.root, f"cycle_{cycle:05d}")
-        os.makedirs(os.path.join(folder, "rejected"), exist_ok=True)
+        folder = self.root / f"cycle_{cycle:05d}"
+        (folder / "rejected").mkdir(parents=True, exist_ok=True)
         stats_by_id = {p.env.env_id: p.stats.to_dict() for p in plays}
         for a in attempts:
             name = f"s{a.slot:03d}_a{a.attempt}_{a.skill.lower()}"
-            target = folder if a.valid else os.path.join(folder, "rejected")
+            target = folder if a.valid else folder / "rejected"
             code = a.report.code if a.report.code else a.completion.text
-            _write(os.path.join(target, name + ".py"), code)
-            _write(os.path.join(target, name + ".json"), json.dumps({
+            write_text_atomic(target / (name + ".py"), code)
+            write_text_atomic(target / (name + ".json"), json.dumps({
                 "skill": a.skill, "doc_id": a.doc_id, "valid": a.valid,
                 "failures": [list(f) for f in a.report.failures],
             }, indent=1))
         for env in (p.env for p in plays):
-            _write(os.path.join(folder, f"played_{_safe(env.env_id)}.json"), json.dumps({
+            write_text_atomic(folder / f"played_{_safe(env.env_id)}.json", json.dumps({
                 "env_id": env.env_id, "skill": env.skill, "hint": env.hint,
                 "stats": stats_by_id.get(env.env_id),
             }, indent=1))
@@ -43,10 +46,3 @@ class Artifacts:
 
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
-
-
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)

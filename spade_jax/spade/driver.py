@@ -9,10 +9,10 @@ from (seed, cycle), so a resumed run continues exactly as an uninterrupted one w
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import jax
+from etils import epath
 from tqdm import tqdm
 
 from spade_jax import config as config_lib
@@ -26,6 +26,7 @@ from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.corpus import load_corpus
 from spade_jax.spade.loop import HostState, run_cycle, summarize
 from spade_jax.spade.memory import EnvMemory
+from spade_jax.workdir import enable_compilation_cache, write_text_atomic
 
 
 def fresh_state(memory_config: MemoryConfig, seed_envs) -> HostState:
@@ -41,16 +42,16 @@ CONFIG_FILE = "config.json"
 
 def write_config(cfg, workdir: str) -> str:
     """Record the run's config as `<workdir>/config.json` (read back by launch/export.py)."""
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, CONFIG_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(cfg.to_json_best_effort(indent=2))
-    os.replace(path + ".tmp", path)
-    return path
+    directory = epath.Path(workdir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / CONFIG_FILE
+    write_text_atomic(path, cfg.to_json_best_effort(indent=2))
+    return str(path)
 
 
 def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
-                 time_budget_s: float | None = None) -> list[dict]:
+                 time_budget_s: float | None = None,
+                 compile_cache: str | None = None) -> list[dict]:
     """Train for `cfg.total_cycles` cycles in `workdir`; returns the per-cycle metrics.
 
     `cfg` (the ConfigDict of a config file) is parsed here, once, into a `RunConfig`; only
@@ -58,7 +59,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
 
     A `runtime` may be passed in (tests share one across runs); it is then left open. With
     `time_budget_s`, no new cycle starts once that many seconds have passed (the cycle in
-    progress finishes and is checkpointed): "train for an hour" on a laptop.
+    progress finishes and is checkpointed): "train for an hour" on a laptop. With
+    `compile_cache` (a local or gs:// directory), JAX's persistent compilation cache is on from
+    the moment the model is loaded (so a config that fails to load leaves no workdir behind).
     """
     started = time.monotonic()
     from spade_jax.spade.runtime import Runtime
@@ -72,6 +75,7 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
                              tfds_data_dir=run.corpus.data_dir or None)
     rt = runtime or Runtime.create(run)
     owns_runtime = runtime is None
+    cache = enable_compilation_cache(compile_cache) if compile_cache else None
     checkpointer = Checkpointer(workdir, keep=run.keep_checkpoints)
     state, history = fresh_state(run.memory, rt.seed_envs), []
     latest = checkpointer.latest_step() if resume else None
@@ -98,7 +102,7 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
             metrics.update(rt.timer.shares())
             metrics["throughput/tokens_per_s"] = rt.pop_tokens_per_second()
             if eval_tasks and state.cycle % run.eval.every == 0:
-                eval_dir = os.path.join(workdir, "eval", f"cycle_{cycle:05d}") if main else None
+                eval_dir = epath.Path(workdir) / "eval" / f"cycle_{cycle:05d}" if main else None
                 metrics.update(run_in_loop_eval(
                     rt, eval_tasks, eval_dir, max_new_tokens=run.sampling.agent_max_new_tokens,
                     seed=run.seed))
@@ -120,6 +124,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
         checkpointer.close()
         if owns_runtime:
             rt.close()
+        if cache:
+            logging.info("compilation cache %s: %d hits, %d misses", compile_cache,
+                         cache.counts["hits"], cache.counts["misses"])
     if main and history:
         print(summarize(history))
     return history

@@ -1,0 +1,211 @@
+"""Workdirs in a `gs://` bucket: the I/O helpers, the checkpointer, and a tiny run that is
+SIGKILLed after its first checkpoint, resumes from the bucket and logs the same later metrics
+as an uninterrupted local run.
+
+The bucket is a local GCS emulator (`gcp-storage-emulator`, a test extra). Every I/O path of
+a run is pointed at it: gcsfs (etils.epath: metrics, envs, config.json, TensorBoard, orbax's
+directory handling, JAX's compilation cache) by STORAGE_EMULATOR_HOST, tensorstore (orbax's
+array writes) by TENSORSTORE_GCS_HTTP_URL with a fixed test token. The resumed run is also
+the second run in that workdir, so it must load compiled programs from the bucket's cache.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spade_jax.checkpoint import Checkpointer
+from spade_jax.metrics import MetricsWriter
+from spade_jax.workdir import compile_cache_dir, open_append, write_text_atomic
+from tests.loop.conftest import ROOT
+
+ARGS = ["--config.total_cycles=2", "--config.spade.regen_interval=1"]
+BUCKET = "spade-test"
+CACHE_LINE = re.compile(r"compilation cache (\S+): (\d+) hits, (\d+) misses")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def emulator_env(tmp_path_factory):
+    """Environment variables that send every gs:// access of a child process to an emulator."""
+    executable = shutil.which("gcp-storage-emulator") or os.path.join(
+        os.path.dirname(sys.executable), "gcp-storage-emulator")
+    if not os.path.exists(executable):
+        pytest.skip("gcp-storage-emulator is not installed (pip install -e '.[test]')")
+    port = free_port()
+    server = subprocess.Popen(
+        [executable, "start", "--port", str(port), "--default-bucket", BUCKET, "--in-memory",
+         "--quiet"], cwd=tmp_path_factory.mktemp("emulator"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("localhost", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError(f"GCS emulator did not start on port {port}") from None
+            time.sleep(0.2)
+    url = f"http://localhost:{port}"
+    yield {
+        "STORAGE_EMULATOR_HOST": url,  # gcsfs (and google-cloud-storage)
+        "FSSPEC_GCS_TOKEN": "anon",  # gcsfs: no credential lookup against the emulator
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # no bucket-type probe needing credentials
+        "TENSORSTORE_GCS_HTTP_URL": url,  # tensorstore's gcs kvstore (orbax's arrays)
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",  # tensorstore: skip credential discovery
+    }
+    server.kill()
+    server.wait()
+
+
+def train(workdir, env_extra, log):
+    """Start a tiny run; its log goes to the file `log` (a pipe could fill up and block it)."""
+    with open(log, "w") as handle:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "launch" / "train.py"),
+             f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}", *ARGS],
+            stdout=subprocess.DEVNULL, stderr=handle, cwd=log.parent,
+            env={**os.environ, "XLA_FLAGS": "", **env_extra})
+
+
+def finish(proc, log) -> str:
+    """Wait for a run to succeed; its log."""
+    proc.wait(timeout=1200)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+def bucket_path(*parts):
+    """An epath.Path into the emulator's bucket (the test sets the emulator's environment)."""
+    from etils import epath
+
+    return epath.Path(f"gs://{BUCKET}").joinpath(*parts)
+
+
+@pytest.fixture
+def bucket(emulator_env, monkeypatch):
+    """The emulator's bucket as an epath.Path, with this process's gs:// I/O pointed at it."""
+    for name, value in emulator_env.items():
+        monkeypatch.setenv(name, value)
+    return bucket_path()
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_open_append_keeps_what_was_written_before(where, tmp_path, request):
+    root = request.getfixturevalue("bucket") / tmp_path.name if where == "bucket" else tmp_path
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "log.jsonl"
+    for line in ("one\n", "two\n"):  # two writers in turn, as a run and its resumption
+        with open_append(path) as handle:
+            handle.write(line)
+    with open_append(path) as handle:
+        handle.write("three\n")
+        handle.flush()
+        assert path.read_text() == "one\ntwo\nthree\n"
+    write_text_atomic(root / "config.json", "{}")
+    write_text_atomic(root / "config.json", '{"a": 1}')
+    assert (root / "config.json").read_text() == '{"a": 1}'
+    assert sorted(p.name for p in root.iterdir()) == ["config.json", "log.jsonl"]
+
+
+def test_metrics_and_checkpoints_land_in_the_bucket(bucket, tmp_path, monkeypatch):
+    import jax.numpy as jnp
+
+    monkeypatch.chdir(tmp_path)
+    workdir = str(bucket / "unit")
+    for cycle in (0, 1):
+        writer = MetricsWriter(workdir)
+        writer.write(cycle, {"loss": float(cycle)})
+        writer.close()
+    lines = (bucket / "unit" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["cycle"] for line in lines] == [0, 1]
+    events = list((bucket / "unit" / "tensorboard").iterdir())
+    assert events and all(e.stat().length > 0 for e in events)  # one per second of start
+
+    checkpointer = Checkpointer(workdir)
+    assert checkpointer.directory == f"{workdir}/checkpoints"
+    state = {"w": jnp.arange(6.0)}
+    checkpointer.save(1, state, {"cycle": 1})
+    checkpointer.close()
+    restored, host = Checkpointer(workdir).restore(1, state)
+    assert host == {"cycle": 1} and (restored["w"] == state["w"]).all()
+    assert (bucket / "unit" / "checkpoints" / "1" / "commit_success.txt").exists()
+    assert list(tmp_path.iterdir()) == []  # nothing under <cwd>/gs:
+
+
+def test_compile_cache_dir_defaults_to_the_workdir_and_empty_turns_it_off():
+    assert compile_cache_dir("gs://b/run", None) == "gs://b/run/compile_cache"
+    assert compile_cache_dir("runs/t", None) == "runs/t/compile_cache"
+    assert compile_cache_dir("runs/t", "/cache") == "/cache"
+    assert compile_cache_dir("runs/t", "") is None
+
+
+def cache_counts(stderr: str) -> tuple[str, int, int]:
+    match = CACHE_LINE.search(stderr)
+    assert match, stderr[-3000:]
+    return match.group(1), int(match.group(2)), int(match.group(3))
+
+
+@pytest.mark.slow  # about 4 min on 2 shared cores: runs in CI
+def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
+        tmp_path, emulator_env, bucket):
+    reference = tmp_path / "reference"
+    stderr = finish(train(reference, {}, tmp_path / "reference.log"), tmp_path / "reference.log")
+    _, ref_hits, ref_misses = cache_counts(stderr)
+    assert any((reference / "compile_cache").iterdir()) and ref_misses > 0
+
+    workdir = f"gs://{BUCKET}/run"
+    committed = bucket / "run" / "checkpoints" / "1" / "commit_success.txt"
+    proc = train(workdir, emulator_env, tmp_path / "killed.log")
+    deadline = time.time() + 900
+    while not committed.exists():
+        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+        assert time.time() < deadline, "checkpoint 1 did not appear in the bucket"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "gs:").exists()  # nothing under <cwd>/gs:/... (the old bug)
+
+    stderr = finish(train(workdir, emulator_env, tmp_path / "resumed.log"),
+                    tmp_path / "resumed.log")
+    assert "resuming at cycle 1" in stderr, stderr[-3000:]
+    cache_dir, hits, _ = cache_counts(stderr)
+    # Fewer cycles than the reference, so more hits can only come from the killed run's cache.
+    assert cache_dir == f"{workdir}/compile_cache" and hits > ref_hits, (cache_dir, hits)
+
+    ref_rows = {r["cycle"]: r for r in map(json.loads,
+                                           (reference / "metrics.jsonl").read_text().splitlines())}
+    run = bucket / "run"
+    # The killed run logged cycle 0 (perhaps cycle 1 too); the resumed run re-does cycle 1.
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rows = {r["cycle"]: r for r in map(json.loads, lines)}
+    assert sorted(rows) == [0, 1]
+    for cycle in (0, 1):
+        for key in ("regret/mean", "return/nohint", "return/hint", "train/loss",
+                    "designer/attempts", "agent/generated_tokens"):
+            if key in ref_rows[cycle]:
+                assert rows[cycle][key] == pytest.approx(ref_rows[cycle][key], abs=1e-6), (
+                    cycle, key)
+    assert (run / "config.json").exists()
+    assert any((run / "tensorboard").iterdir())
+    for cycle in (0, 1):
+        ref_dir = reference / "envs" / f"cycle_{cycle:05d}"
+        names = sorted(p.name for p in ref_dir.iterdir() if p.is_file())
+        got = run / "envs" / f"cycle_{cycle:05d}"
+        assert sorted(p.name for p in got.iterdir() if not p.is_dir()) == names
+        for name in names:
+            assert (got / name).read_text() == (ref_dir / name).read_text(), name
