@@ -137,8 +137,10 @@ TOOL_USE_BROKEN = {
     "bad schema": ("T1", variant('"properties": {"a": {"type": "integer"}',
                                  '"properties": {"a": {"type": "int"}')),
     "tool without method": ("T1", variant("def tool_add(self, a, b):", "def add(self, a, b):")),
-    "criterion throws at reset": ("T2", calendar_variant(
-        ('lambda s: not any(e["title"]', 'lambda s: s["missing"] or not any(e["title"]'))),
+    "criterion throws at reset": ("T2", variant(
+        '        self._state = {"calls": 0}\n',
+        '        self._state = {"calls": 0}\n        self._user_messages = ["Sell pencils."]\n'
+        '        self._message_criteria = [lambda s: s["sold"] > 0]  # KeyError at reset\n')),
     "empty call sequence wins": ("V7", calendar_variant(
         ('lambda s: not any(e["title"] == "old sync" for e in s["events"].values())',
          "lambda s: True"),
