@@ -70,6 +70,14 @@ def test_tool_use_skills_follow_the_game_type():
     assert problem.startswith("spade.skills has unknown") and skills[0] in problem, problem
 
 
+def test_the_laptop_tool_use_config_is_the_laptop_config_with_tool_use():
+    games, tools = parse(load_config_file("smollm2_135m")), parse(
+        load_config_file("smollm2_135m_tool_use"))
+    assert tools.spade.game_type is GameType.TOOL_USE
+    assert tools.spade.skills == tuple(TOOL_USE_SKILLS)
+    assert tools.model == games.model and tools.train == games.train
+
+
 @pytest.mark.parametrize("key, choices", [
     ("mode", Mode), ("train.remat", Remat), ("spade.game_type", GameType),
     ("spade.reward_variant", RewardVariant), ("spade.hint_mode", HintMode),

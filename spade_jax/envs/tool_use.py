@@ -37,7 +37,13 @@ and implements ``tool_<name>(self, **kwargs) -> str`` methods and ``solution()``
 
 Every step counts as a turn; at ``max_turns`` the episode is truncated and the observation reveals
 ``solution()``. All observations are reduced to printable ASCII (``string.printable``), because the
-host exposes environments as gymnasium ``Text`` spaces with that charset.
+host exposes environments as gymnasium ``Text`` spaces with that charset; a tool's output longer
+than ``max_tool_output_chars`` is cut and marked ``...[truncated]``.
+
+The call format is the one Qwen3's chat template teaches (``<tool_call>`` JSON blocks), so a model
+with native tool calling needs no other instructions; ``reset``'s info carries ``get_tools()``
+under ``"tools"`` so that the host can pass them to the template (``apply_chat_template(tools=)``).
+The validation gate calls ``schema_problems()`` and ``reset_problems()`` (docs/DESIGN.md §4.4).
 """
 
 import inspect
@@ -46,13 +52,15 @@ import random
 import re
 import string
 
-__all__ = ["ToolUseEnv", "ToolUseBaseEnv"]
+__all__ = ["ToolUseEnv", "ToolUseBaseEnv", "parse_tool_calls"]
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL | re.IGNORECASE)
 _PRINTABLE = frozenset(string.printable)
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string",
                list: "array", dict: "object"}
+_SCHEMA_TYPES = frozenset(("string", "integer", "number", "boolean", "array", "object", "null"))
+_TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 FORMAT_HELP = (
     "To call a tool reply with"
@@ -67,6 +75,40 @@ def to_printable(text, limit=4000):
     if len(text) > limit:
         text = text[:limit] + " ...[truncated]"
     return "".join(c if c in _PRINTABLE else "?" for c in text)
+
+
+def parse_tool_calls(text):
+    """The ``(name, arguments)`` of every ``<tool_call>`` JSON block in ``text``, in order.
+
+    Accepts ``"arguments"`` or ``"parameters"``, as an object or a JSON string of one (both
+    occur in models' native output). Raises ValueError naming the block that is malformed.
+    """
+    calls = []
+    for raw in _CALL_RE.findall(text):
+        try:
+            call = json.loads(raw.strip())
+            name = call["name"]
+            args = call.get("arguments", call.get("parameters", {})) or {}
+            if isinstance(args, str):
+                args = json.loads(args)
+        except Exception as e:
+            raise ValueError(f"bad tool call JSON {raw.strip()[:80]!r}: {e}") from None
+        if not isinstance(name, str) or not isinstance(args, dict):
+            raise ValueError(f"bad tool call {raw.strip()[:80]!r}: name must be a string and "
+                             "arguments an object")
+        calls.append((name, args))
+    return calls
+
+
+def _property_problem(tool, arg, schema):
+    """Why one parameter's JSON schema is not usable, or None."""
+    if not isinstance(schema, dict):
+        return f"tool {tool!r}: parameter {arg!r} schema must be an object, got {schema!r:.60}"
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is not None and not all(k in _SCHEMA_TYPES for k in kinds):
+        return f"tool {tool!r}: parameter {arg!r} has type {kind!r}, not a JSON schema type"
+    return None
 
 
 def _normalise(x):
@@ -87,6 +129,7 @@ class ToolUseEnv:
     tools = None                # optional class-level {name: {"description", "parameters"}}
     max_answer_attempts = 1     # wrong answers allowed before the episode ends (1 = one shot)
     max_calls_per_step = 4      # tool calls executed from one action
+    max_tool_output_chars = 2000  # longer tool outputs are cut (marked "...[truncated]")
     format_error_reward = -0.1
     # Class-level defaults; a subclass may set them on the class or per episode in reset().
     _tools = None
@@ -107,7 +150,7 @@ class ToolUseEnv:
             out = own(self, seed, *args, **kw)
             if isinstance(out, tuple) and len(out) == 2:
                 obs, info = out
-                return to_printable(obs), (info if isinstance(info, dict) else {})
+                return to_printable(obs), self._episode_info(info)
             return out
 
         reset._tool_use_wrapped = True
@@ -134,7 +177,16 @@ class ToolUseEnv:
     def reset(self, seed=None):
         """Subclasses override this (calling ``super().reset(seed)`` is optional)."""
         self._begin_episode(seed)
-        return self.task_observation("Solve the task with the tools."), {}
+        return self.task_observation("Solve the task with the tools."), self._episode_info({})
+
+    def _episode_info(self, info):
+        """``reset``'s info plus the tool schemas (``"tools"``) for the host's chat template."""
+        info = dict(info) if isinstance(info, dict) else {}
+        try:
+            info.setdefault("tools", self.get_tools())
+        except Exception:  # broken schemas are rejected by schema_problems(), not here
+            pass
+        return info
 
     def close(self):
         pass
@@ -168,6 +220,65 @@ class ToolUseEnv:
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         return {"description": doc[0] if doc else "",
                 "parameters": {"type": "object", "properties": props, "required": required}}
+
+    def schema_problems(self):
+        """Why the tools' schemas are unusable (validation check T1); empty when they are fine.
+
+        Each tool needs a name the chat templates accept, a string description, an ``object``
+        parameters schema whose properties have JSON schema types and whose ``required``
+        names are properties, and a ``tool_<name>`` method accepting those arguments.
+        """
+        try:
+            specs = self._tool_specs()
+        except Exception as e:
+            return [f"the tool specs cannot be read: {e}"]
+        if not specs:
+            return ["the environment offers no tools"]
+        out = []
+        for name, spec in specs.items():
+            if not isinstance(name, str) or not _TOOL_NAME_RE.match(name):
+                out.append(f"tool name {name!r} is not an identifier")
+                continue
+            if not isinstance(spec.get("description", ""), str):
+                out.append(f"tool {name!r}: description must be a string")
+            params = spec.get("parameters") or {"type": "object", "properties": {}}
+            props = params.get("properties", {}) if isinstance(params, dict) else None
+            if not isinstance(params, dict) or params.get("type") != "object" or \
+                    not isinstance(props, dict):
+                out.append(f"tool {name!r}: parameters must be a JSON schema of type 'object' "
+                           f"with a 'properties' object, got {params!r:.80}")
+                continue
+            out += [p for arg, schema in props.items()
+                    if (p := _property_problem(name, arg, schema))]
+            required = params.get("required", [])
+            if not isinstance(required, list) or not set(required) <= set(props):
+                out.append(f"tool {name!r}: required {required!r:.60} must list properties")
+                continue
+            fn = getattr(self, f"tool_{name}", None)
+            if not callable(fn):
+                out.append(f"tool {name!r} has no tool_{name} method")
+                continue
+            try:
+                inspect.signature(fn).bind(**{arg: None for arg in required})
+            except TypeError as e:
+                out.append(f"tool_{name} does not accept the required arguments {required}: {e}")
+        return out
+
+    def reset_problems(self):
+        """Message criteria that raise on the state ``reset`` built (validation check T2).
+
+        A criterion that throws counts as unmet at play time, so its request could never be
+        completed; the reference rejects such environments at reset.
+        """
+        out = []
+        for i, crit in enumerate(self._message_criteria or ()):
+            for check in crit if isinstance(crit, (list, tuple)) else [crit]:
+                try:
+                    check(self._state)
+                except Exception as e:
+                    out.append(f"message criterion {i} raises at reset: "
+                               f"{type(e).__name__}: {e}")
+        return out
 
     def get_tools(self):
         """OpenAI-style function schemas, for ``apply_chat_template(tools=...)``."""
@@ -248,7 +359,7 @@ class ToolUseEnv:
         if name not in self._tool_specs() or not callable(fn):
             return None
         try:
-            return to_printable(fn(**args), 2000)
+            return to_printable(fn(**args), self.max_tool_output_chars)
         except Exception as e:  # the agent sees the error and may retry
             return to_printable(f"Error calling {name}: {e}", 500)
 
@@ -276,23 +387,16 @@ class ToolUseEnv:
             if left <= 0:
                 return self._finish("Wrong answer. The episode is over.", 0.0, True)
             return self._finish(f"Wrong answer. {left} attempt(s) left.", 0.0, False)
-        blocks = _CALL_RE.findall(text)
-        if not blocks:
+        try:
+            calls = parse_tool_calls(text)
+        except ValueError as e:
+            return self._finish(f"Format error: {e}. " + FORMAT_HELP,
+                                self.format_error_reward, False, {"format_error": True})
+        if not calls:
             return self._finish("Format error: no <tool_call> or <answer> found. " + FORMAT_HELP,
                                 self.format_error_reward, False, {"format_error": True})
         parts, reward = [], 0.0
-        for raw in blocks[: self.max_calls_per_step]:
-            try:
-                call = json.loads(raw.strip())
-                name = call["name"]
-                args = call.get("arguments", call.get("parameters", {})) or {}
-                if isinstance(args, str):
-                    args = json.loads(args)
-                if not isinstance(name, str) or not isinstance(args, dict):
-                    raise ValueError("name must be a string and arguments an object")
-            except Exception as e:
-                return self._finish(f"Format error: bad tool call JSON ({e}). " + FORMAT_HELP,
-                                    self.format_error_reward, False, {"format_error": True})
+        for name, args in calls[: self.max_calls_per_step]:
             result = self._call_tool(name, args)
             if result is None:
                 avail = ", ".join(self._tool_specs())

@@ -1,6 +1,6 @@
 """Validation gate V0-V7 for designer environments (docs/DESIGN.md §4.4); every failure is named.
 
-    report = validate(model_response_or_code, max_turns=25)
+    report = validate(model_response_or_code, max_turns=25)   # tool_use=True adds T1, T2
     report.ok, report.failures  # [(check, message)], e.g. [("V3", "step() returned ...")]
     report.timings              # seconds per check
 
@@ -29,6 +29,7 @@ PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
 RANDOM_VOCABULARY = tuple(f"\\boxed{{{w}}}" for w in (
     *map(str, range(10)), "a", "b", "yes", "no", "up", "down", "left", "right", "start", "help",
 ))
+NO_OP_TOOL_CALL = '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>'
 WIN_REWARD = 1.0 - 1e-9
 Policy = Callable[[int, str], str]
 
@@ -152,6 +153,19 @@ def _check_structure(pool: EnvPool, code: str, max_turns: int) -> tuple[int, str
     return handle, loaded.env_class
 
 
+def _check_tool_use(pool: EnvPool, handle: int) -> None:
+    """T1 (the tools' JSON schemas are usable) and T2 (the reset gate: no message criterion
+    raises on the state reset built), both judged by the ToolUseEnv base class in the sandbox."""
+    _expect(pool, handle, "T1", "reset", seed=42)
+    for check, method in (("T1", "schema_problems"), ("T2", "reset_problems")):
+        result = pool.call(handle, method)
+        if not result.ok:
+            raise _Reject("T1", f"not a ToolUseEnv subclass ({method}() {result.status}: "
+                                f"{result.error.strip()[-200:]})")
+        if result.value:
+            raise _Reject(check, "; ".join(map(str, result.value[:5])))
+
+
 def _check_leak(pool: EnvPool, handle: int) -> None:
     first = _expect(pool, handle, "V5", "reset", seed=42).value[0]
     solution = _expect(pool, handle, "V5", "solution").value
@@ -208,7 +222,10 @@ def _solutions(pool: EnvPool, code: str, seeds: Sequence[int], max_turns: int) -
     return [str(text) for text in texts]
 
 
-def _check_solvable(pool: EnvPool, code: str, seeds: Sequence[int], max_turns: int) -> None:
+def _check_solvable(pool: EnvPool, code: str, seeds: Sequence[int], max_turns: int,
+                    tool_use: bool = False) -> None:
+    """The solution's script wins on every seed; no trivial agent wins on all of them (tool use
+    adds the empty call sequence: only calls that change nothing)."""
     scripts = [solution_actions(text) for text in _solutions(pool, code, seeds, max_turns)]
     replay = [_script_policy(script) for script in scripts]
     agents: dict[str, Policy] = {
@@ -216,6 +233,8 @@ def _check_solvable(pool: EnvPool, code: str, seeds: Sequence[int], max_turns: i
         f"repeat {scripts[0][0]!r}": lambda turn, obs: scripts[0][0],
         "random vocabulary": None,
     }
+    if tool_use:
+        agents["empty call sequence"] = lambda turn, obs: NO_OP_TOOL_CALL
     n = len(seeds)
     policies = list(replay)
     for agent in agents.values():
@@ -231,10 +250,12 @@ def _check_solvable(pool: EnvPool, code: str, seeds: Sequence[int], max_turns: i
 
 
 def validate(text: str, *, max_turns: int = 25, pool: EnvPool | None = None,
-             seeds: Sequence[int] = (0, 1, 2), liveness_budget_s: float = 20.0) -> ValidationReport:
+             seeds: Sequence[int] = (0, 1, 2), liveness_budget_s: float = 20.0,
+             tool_use: bool = False) -> ValidationReport:
     """Run V0-V7 on a model response (last ```python block) or bare code; never raises on bad code.
 
-    Pass a shared `pool` to reuse warm workers across many validations.
+    Pass a shared `pool` to reuse warm workers across many validations. `tool_use` (the
+    environment must subclass ToolUseEnv) adds T1 (tool schemas) and T2 (reset gate) after V3.
     """
     timings: dict[str, float] = {}
     code = extract_code(text)
@@ -247,10 +268,11 @@ def validate(text: str, *, max_turns: int = 25, pool: EnvPool | None = None,
         steps = [
             ("V1/V2", lambda: _check_static(code)),
             ("V2/V3", lambda: _check_structure(pool, code, max_turns)),
+            *([("T1/T2", lambda: _check_tool_use(pool, handle))] if tool_use else []),
             ("V5", lambda: _check_leak(pool, handle)),
             ("V4", lambda: _check_determinism(pool, code, max_turns)),
             ("V6", lambda: _check_liveness(pool, code, max_turns, liveness_budget_s)),
-            ("V7", lambda: _check_solvable(pool, code, seeds, max_turns)),
+            ("V7", lambda: _check_solvable(pool, code, seeds, max_turns, tool_use)),
         ]
         for name, run in steps:
             started = time.perf_counter()

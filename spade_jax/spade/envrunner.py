@@ -31,6 +31,7 @@ class EpisodeStart:
     hint: str | None
     error: str = ""
     hint_status: HintStatus = HintStatus.NONE  # NONE: no hint asked (or no start)
+    tools: list | None = None  # a tool-use environment's schemas (its reset info's "tools")
 
 
 class SandboxEnvRunner:
@@ -54,8 +55,10 @@ class SandboxEnvRunner:
         for spec, result in zip(specs, results, strict=True):
             hint, status = self._resolve_hint(result.handle, spec.hint) \
                 if (result.ok and spec.hint) else (None, HintStatus.NONE)
+            tools = result.info.get("tools") if isinstance(result.info, dict) else None
             starts.append(EpisodeStart(result.handle, result.ok, result.status,
-                                       result.observation, hint, result.error, status))
+                                       result.observation, hint, result.error, status,
+                                       tools if isinstance(tools, list) else None))
         return starts
 
     def _resolve_hint(self, handle: int, requested: str) -> tuple[str | None, HintStatus]:

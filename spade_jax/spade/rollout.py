@@ -96,16 +96,27 @@ class EnvRunner(Protocol):
     def close_many(self, handles: Sequence[Any]) -> None: ...
 
 
+TOOLS_PROBE = [{"type": "function", "function": {
+    "name": "spade_probe_tool", "description": "probe",
+    "parameters": {"type": "object", "properties": {}}}}]
+
+
 class ChatFormat:
     """Token-level chat turns for a tokenizer's template, derived from the template itself.
 
-    `prompt(messages)` gives the ids of a conversation ready for the assistant to answer;
+    `prompt(messages, tools)` gives the ids of a conversation ready for the assistant to answer,
+    with the tool schemas rendered by the template's own tool support (`supports_tools`, e.g.
+    Qwen3's) when it has one; otherwise the tools are only described in the environment's first
+    observation, with the `<tool_call>` JSON format it explains (the fallback, e.g. SmolLM2).
     `observation_turn(text, stopped)` gives the ids that close the assistant's turn (if it ended
     without its end-of-turn token) and add a user turn holding an environment observation.
     """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.supports_tools = TOOLS_PROBE[0]["function"]["name"] in tokenizer.apply_chat_template(
+            [{"role": "user", "content": "U"}], tools=TOOLS_PROBE, tokenize=False,
+            add_generation_prompt=True)
         probe = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
         closed = self._render(probe, add_generation_prompt=False)
         following = self._render(probe + [{"role": "user", "content": "\x00OBS\x00"}], True)
@@ -116,13 +127,14 @@ class ChatFormat:
         self._user_prefix, self._user_suffix = following[len(closed):].split("\x00OBS\x00")
         self.eos_id = tokenizer.eos_token_id
 
-    def _render(self, messages, add_generation_prompt) -> str:
+    def _render(self, messages, add_generation_prompt, tools=None) -> str:
+        extra = {"tools": tools} if tools and self.supports_tools else {}
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
 
-    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self._render(messages, add_generation_prompt=True)
+    def prompt(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
+        text = self._render(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def observation_turn(self, observation: str, stopped_on_eos: bool) -> list[int]:
@@ -167,7 +179,7 @@ def play_episodes(
             observation = hint_lib.inject_hint(observation, start.hint)
         messages = [{"role": "system", "content": system_prompt},
                     {"role": "user", "content": observation}]
-        prompts.append(chat.prompt(messages)[-capacity // 2:])
+        prompts.append(chat.prompt(messages, tools=start.tools)[-capacity // 2:])
     with phase("sampling"):
         session = sampler.start(prompts, capacity=capacity)
     episode_rewards: list[list[float]] = [[] for _ in range(n)]

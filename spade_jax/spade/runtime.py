@@ -113,7 +113,8 @@ class Runtime:
     def validate(self, text: str) -> ValidationReport:
         """The validation gate on one Designer response, in this process's sandbox."""
         with self.timer.phase("env"):
-            return validate(text, max_turns=self.run.spade.max_turns, pool=self.validation_pool)
+            return validate(text, max_turns=self.run.spade.max_turns, pool=self.validation_pool,
+                            tool_use=self.game_type.is_tool_use)
 
     def validate_many(self, texts: list[str]) -> list[ValidationReport]:
         """`validate` of every response, each run by one process and shared with all.

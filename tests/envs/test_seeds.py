@@ -288,7 +288,7 @@ def _call(name, **args):
 def test_tool_use_base_semantics():
     env = _Toy(max_turns=6)
     obs, info = env.reset(seed=3)
-    assert info == {} and "double(x: integer)" in obs and "caf?" in obs
+    assert info == {"tools": env.get_tools()} and "double(x: integer)" in obs and "caf?" in obs
     assert env.get_tools()[0] == {"type": "function", "function": {
         "name": "double", "description": "Twice x.", "parameters": {
             "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
@@ -408,7 +408,8 @@ def gate_reports(gate):
     dominates, so this halves the wall time on a 2-core machine."""
     validate = gate[0]
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
-        reports = ex.map(lambda seed: validate(seed.code, max_turns=MAX_TURNS), SEEDS)
+        reports = ex.map(lambda seed: validate(seed.code, max_turns=MAX_TURNS,
+                                               tool_use=seed.is_tool_use), SEEDS)
         return dict(zip(IDS, reports, strict=True))
 
 

@@ -25,7 +25,8 @@ import traceback
 
 from injected import build_namespace
 
-_CALLABLE_METHODS = {"reset", "step", "solution", "hint", "close", "get_tools"}
+_CALLABLE_METHODS = {"reset", "step", "solution", "hint", "close", "get_tools",
+                     "schema_problems", "reset_problems"}  # the last two: tool-use checks T1, T2
 _RLIMITS = {
     "as": resource.RLIMIT_AS,
     "cpu": resource.RLIMIT_CPU,
