@@ -3,9 +3,10 @@
     python bench/moe.py [--tokens 64] [--runs 3]
 
 One layer, float32, single device: D=2048, F=768, E=128, top-8, `--tokens` tokens. Prints the
-CPU model, the median forward time of `moe.moe_mlp` (routed, `jax.lax.ragged_dot`) and
-`moe.moe_mlp_dense` (every expert on every token) after one warm-up, their ratio, and the
-ratio of their FLOPs from XLA's cost analysis of the same compiled programs.
+CPU model, the median forward time of `moe.moe_mlp` (routed; on CPU its grouped matmuls are
+`moe.tiled_grouped_matmul`) and `moe.moe_mlp_dense` (every expert on every token) after one
+warm-up, their ratio, and the ratio of their FLOPs from XLA's cost analysis of the same
+compiled programs.
 """
 
 from __future__ import annotations

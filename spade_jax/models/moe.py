@@ -1,7 +1,7 @@
 """Qwen3-MoE mixture of experts: routing, the routed dropless layer and its dense reference.
 
 `moe_mlp` (the model's path) sorts each token's top-k copies by expert, runs every projection
-as one grouped matmul (`jax.lax.ragged_dot`) over the experts, un-sorts and sums the k copies
+as one grouped matmul (`grouped_matmul`) over the experts, un-sorts and sums the k copies
 weighted by the router. Under a mesh with a 'tensor' axis (the expert axis: w_gate/w_up
 [E, D, F] are sharded (tensor, fsdp, None), w_down [E, F, D] (tensor, None, fsdp)) it runs
 in a `shard_map`: each rank computes only the copies routed to its E/tp experts and one psum
@@ -12,8 +12,10 @@ exchanges of the k copies for no saving at this layout.
 Dropless means a rank's buffer has room for the worst case, every local token sending
 min(k, E/tp) copies to it; rows past the real count are zeros of the grouped matmul.
 `moe_mlp_dense` runs every expert on every token (E/k times the FLOPs) and is the reference
-the tests compare against. The megablox GMM Pallas kernel is not used: `ragged_dot` lowers to
-XLA's native ragged dot on TPU and GPU; on CPU JAX expands it to a masked dense product.
+the tests compare against. `grouped_matmul` is `jax.lax.ragged_dot` on TPU and GPU (XLA's native
+ragged dot; the megablox GMM Pallas kernel is not used, it was not tested here) and
+`tiled_grouped_matmul` on CPU, where JAX expands `ragged_dot` into a masked product with every
+expert (E/tp times the FLOPs of the dense layer's routed share).
 """
 
 from __future__ import annotations
@@ -67,6 +69,50 @@ def moe_mlp_dense(
     return jnp.einsum("bted,bte->btd", expert_out, weights)
 
 
+def _tile_rows(n_rows: int, n_groups: int) -> int:
+    """Rows per tile of `tiled_grouped_matmul`: padding (< a tile per group) stays within a
+    quarter of the rows, tiles between 8 and 512 rows."""
+    tile = 8
+    while tile < 512 and tile * 2 * n_groups * 4 <= n_rows:
+        tile *= 2
+    return tile
+
+
+def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """`jax.lax.ragged_dot(lhs [M, I], rhs [G, I, O], group_sizes [G])` as tiles of one group.
+
+    Each group's rows are padded to whole tiles (static count: M/tile + G) and every tile is
+    multiplied by its group's matrix, one batched matmul: about M x I x O multiply-adds plus
+    the padding, where JAX's CPU lowering of `ragged_dot` multiplies every row by all G
+    matrices. Rows past sum(group_sizes) give zeros, as in `ragged_dot`.
+    """
+    n_rows, n_groups = lhs.shape[0], rhs.shape[0]
+    tile = _tile_rows(n_rows, n_groups)
+    n_tiles = -(-n_rows // tile) + n_groups
+    ends = jnp.cumsum(group_sizes)
+    padded = -(-group_sizes // tile) * tile
+    padded_ends = jnp.cumsum(padded)
+    row = jnp.arange(n_rows)
+    group = jnp.minimum(jnp.searchsorted(ends, row, side="right"), n_groups - 1)
+    in_group = row < ends[-1]
+    offset = row - (ends - group_sizes)[group]  # position within its group
+    dest = jnp.where(in_group, padded_ends[group] - padded[group] + offset,
+                     n_tiles * tile)  # rows past the groups go nowhere (dropped)
+    tiles = jnp.zeros((n_tiles * tile, lhs.shape[1]), lhs.dtype).at[dest].set(lhs, mode="drop")
+    tile_group = jnp.minimum(jnp.searchsorted(padded_ends, jnp.arange(n_tiles) * tile,
+                                              side="right"), n_groups - 1)
+    out = jnp.einsum("tmi,tio->tmo", tiles.reshape(n_tiles, tile, -1), rhs[tile_group])
+    out = jnp.take(out.reshape(n_tiles * tile, -1), jnp.minimum(dest, n_tiles * tile - 1), axis=0)
+    return jnp.where(in_group[:, None], out, 0)
+
+
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """Grouped matmul: XLA's ragged dot on TPU and GPU, `tiled_grouped_matmul` on CPU."""
+    return jax.lax.platform_dependent(
+        lhs, rhs, group_sizes, cpu=tiled_grouped_matmul,
+        default=lambda a, b, g: jax.lax.ragged_dot(a, b, g))
+
+
 def _local_experts(x, top_idx, top_vals, gate, up, down, first_expert):
     """Routed SwiGLU of tokens x [N, D] over the experts gate/up [G, D, F], down [G, F, D].
 
@@ -83,9 +129,9 @@ def _local_experts(x, top_idx, top_vals, gate, up, down, first_expert):
     rows = order[:capacity]
     group_sizes = jnp.sum(jax.nn.one_hot(sort_key, n_local, dtype=jnp.int32), axis=0)
     x_sorted = jnp.take(x, rows // top_k, axis=0)  # [capacity, D]
-    hidden = (jax.nn.silu(jax.lax.ragged_dot(x_sorted, gate, group_sizes))
-              * jax.lax.ragged_dot(x_sorted, up, group_sizes))
-    out_sorted = jax.lax.ragged_dot(hidden, down, group_sizes)  # zero past sum(group_sizes)
+    hidden = (jax.nn.silu(grouped_matmul(x_sorted, gate, group_sizes))
+              * grouped_matmul(x_sorted, up, group_sizes))
+    out_sorted = grouped_matmul(hidden, down, group_sizes)  # zero past sum(group_sizes)
     # un-sort: copy c sits at position inverse[c] of the sorted order; beyond the buffer it
     # is another rank's copy and reads the appended zero row
     inverse = jnp.argsort(order)

@@ -116,3 +116,16 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
         state, _ = step(state, batch)
         params[shape] = jax.tree.leaves(jax.device_get(state.params))
     _assert_close(params[(1, 2, 4)], params[(1, 1, 1)])
+
+
+@pytest.mark.parametrize("sizes", [[0, 5, 0, 30, 1], [36, 0, 0, 0, 0], [3, 4, 0, 0, 2]])
+def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
+    """Empty groups, one group taking every row, and rows past the groups (zeros)."""
+    lhs = jax.random.normal(jax.random.key(0), (36, 7))
+    rhs = jax.random.normal(jax.random.key(1), (5, 7, 3))
+    group_sizes = jnp.array(sizes, jnp.int32)
+    want = jax.lax.ragged_dot(lhs, rhs, group_sizes)
+    np.testing.assert_allclose(moe.tiled_grouped_matmul(lhs, rhs, group_sizes), want, atol=1e-5)
+    grads = [jax.grad(lambda a, b, f=f: jnp.sum(jnp.sin(f(a, b, group_sizes))), argnums=(0, 1))(
+        lhs, rhs) for f in (moe.tiled_grouped_matmul, jax.lax.ragged_dot)]
+    _assert_close(grads[0], grads[1])
