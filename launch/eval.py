@@ -22,6 +22,8 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from spade_jax.cli import parse_flags
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "Training workdir (newest checkpoint) or its checkpoints/<step> dir.")
@@ -110,4 +112,4 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

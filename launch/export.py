@@ -22,6 +22,8 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from spade_jax.cli import parse_flags
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "The run's configs/*.py (default: <workdir>/config.json).")
 _CHECKPOINT = flags.DEFINE_string(
@@ -129,4 +131,4 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -22,6 +22,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from spade_jax.cli import parse_flags
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Checkpoints, metrics and env files.")
 _RESUME = flags.DEFINE_bool("resume", True, "Continue from the newest checkpoint in --workdir.")
@@ -32,14 +34,6 @@ _BUDGET = flags.DEFINE_float(
     "time_budget_minutes", 0.0,
     "Start no new cycle after this many minutes (0: run all total_cycles); the last is saved.")
 flags.mark_flags_as_required(["config"])
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing; an unparsable value (`--config.seed=abc`) is one `error:` line."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as err:
-        sys.exit(f"error: {err}")
 
 
 def main(argv):

@@ -21,6 +21,7 @@ import numpy as np
 
 from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
+from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.config import ModelConfig
 from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.seeding import check_seed
@@ -72,6 +73,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.arch = arch()
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
+    # Causal attention kernel: auto (splash on TPU, cuDNN on GPU in bf16/fp16, else xla),
+    # xla, splash (Pallas; interpreted off TPU) or cudnn. Cached extends/decode run XLA.
+    c.model.attention = AttentionKernel.AUTO.value
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # -1: fill with devices
 
@@ -120,13 +124,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.spade.no_corpus = False
     c.spade.no_memory = False
     c.spade.no_designer_training = False
-    c.spade.step_timeout_s = 2.0
 
     c.memory = ml_collections.ConfigDict(dict(capacity=200, mode=MemoryMode.PLR.value,
                                                      staleness_coef=0.3))
     c.corpus = ml_collections.ConfigDict(dict(source="stdlib", max_words=6000, data_dir=""))
 
-    c.sandbox = ml_collections.ConfigDict(dict(allow_unsafe=False, warm_workers=8))
+    # step_timeout_s: seconds one environment call (reset or step) may run before the play ends
+    c.sandbox = ml_collections.ConfigDict(dict(allow_unsafe=False, warm_workers=8,
+                                               step_timeout_s=2.0))
 
     c.checkpoint_every = 1
     c.keep_checkpoints = 3
@@ -192,6 +197,7 @@ class PolicyConfig:
     arch: ModelConfig | None = None
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
+    attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
 
     def problems(self) -> list[str]:
         if self.source != "random" or self.arch is None:  # None: arch's problems already noted
@@ -404,19 +410,18 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     model = dict(c["model"], arch=_section(ModelConfig, c["model"]["arch"], "model.arch",
                                            problems))
     model.setdefault("compute_dtype", model["param_dtype"])
+    model["attention"] = _choice(AttentionKernel, model["attention"], "model.attention", problems)
+    if model["arch"] is not None and model["attention"] is not None:
+        model["arch"] = model["arch"].replace(attention=model["attention"])
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
     s = dict(c["spade"], skills=tuple(c["spade"]["skills"]))
-    step_timeout_s = s.pop("step_timeout_s")
     s["game_type"] = _choice(GameType, s["game_type"], "spade.game_type", problems)
     s["reward_variant"] = _choice(RewardVariant, s["reward_variant"], "spade.reward_variant",
                                   problems)
     s["hint_mode"] = _choice(HintMode, s["hint_mode"], "spade.hint_mode", problems)
     memory = dict(c["memory"])
     memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
-    sandbox = SandboxConfig(allow_unsafe=bool(c["sandbox"]["allow_unsafe"]),
-                            warm_workers=int(c["sandbox"]["warm_workers"]),
-                            call_timeout_s=float(step_timeout_s))
     mesh = _section(MeshConfig, c["mesh"], "mesh", problems)
     if mesh is not None and n_devices is not None:
         try:
@@ -430,7 +435,8 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
         train=_section(TrainConfig, t, "train", problems),
         spade=_section(SpadeConfig, s, "spade", problems),
         memory=_section(MemoryConfig, memory, "memory", problems),
-        corpus=_section(CorpusConfig, c["corpus"], "corpus", problems), sandbox=sandbox,
+        corpus=_section(CorpusConfig, c["corpus"], "corpus", problems),
+        sandbox=_section(SandboxConfig, c["sandbox"], "sandbox", problems),
         checkpoint_every=c["checkpoint_every"], keep_checkpoints=c["keep_checkpoints"],
         log_every=c["log_every"], eval=_section(EvalConfig, c["eval"], "eval", problems))
     if problems:

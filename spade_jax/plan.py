@@ -25,11 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from spade_jax.cli import parse_flags
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import Remat
-from spade_jax.sharding import MESH_AXES, fit_spec
+from spade_jax.sharding import MESH_AXES, fit_spec, kv_cache_axes
 
 GIB = 1 << 30
 # name prefix -> (HBM GiB per chip, chips per unit of the name's number)
@@ -118,9 +119,10 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
         _per_device_elements(x.shape, s, mesh) for x, s in zip(leaves, spec_leaves, strict=True)
     )
 
-    # KV cache [L, B, S, K, Dh] x (k, v), batch over (data, fsdp), kv heads over tensor.
+    # KV cache [L, B, S, K, Dh] x (k, v), split as the sampler splits it (kv_cache_axes).
     kv_shape = (cfg.n_layers, shape.rollout_batch, shape.context_len, cfg.n_kv_heads, cfg.head_dim)
-    kv_spec = (None, ("data", "fsdp"), None, "tensor", None)
+    batch_axes, head_axis = kv_cache_axes(cfg.n_kv_heads, mesh.shape)
+    kv_spec = (None, batch_axes, None, head_axis, None)
     kv = 2 * _per_device_elements(kv_shape, kv_spec, mesh) * act_bytes
 
     # Activations of one micro-batch: sequences over (data, fsdp), features/heads over tensor.
@@ -291,4 +293,4 @@ if __name__ == "__main__":
 
     _define_flags()
     sys.argv = [a.replace("--hbm-gib", "--hbm_gib", 1) for a in sys.argv]  # both spellings
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

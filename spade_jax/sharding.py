@@ -48,6 +48,15 @@ def fit_spec(spec: PartitionSpec | tuple, shape: tuple[int, ...], mesh: Mesh) ->
     return PartitionSpec(*fitted)
 
 
+def kv_cache_axes(n_kv_heads: int, mesh_shape) -> tuple[tuple[str, ...], str | None]:
+    """(batch axes, head axis) of a KV cache: heads over 'tensor' when they divide it, else the
+    batch over 'tensor' too, so no device holds a replica (4 KV heads on tensor = 8 would
+    otherwise copy the whole cache 8 times)."""
+    if n_kv_heads % mesh_shape["tensor"] == 0:
+        return ("data", "fsdp"), "tensor"
+    return ("data", "fsdp", "tensor"), None
+
+
 def param_specs(state: nnx.State, mesh: Mesh) -> nnx.State:
     """PartitionSpecs of every parameter in `state`, fitted to `mesh`."""
     logical = nnx.get_partition_spec(state)

@@ -44,8 +44,9 @@ def test_the_shipped_tiny_config_parses_into_typed_records():
 
 def test_every_problem_is_reported_at_once_with_its_key_path():
     found = problems_of(tiny(**{"spade.reward_variant": "best", "memory.capacity": 0,
-                                "sampling.max_context": 0}))
-    assert len(found) == 3, found
+                                "sampling.max_context": 0, "sandbox.step_timeout_s": 0.0}))
+    assert len(found) == 4, found
+    assert "sandbox.step_timeout_s=0.0 must be > 0" in found
     assert any(p.startswith("spade.reward_variant='best'") for p in found), found
     assert "memory.capacity=0 must be >= 1" in found
     assert "sampling.max_context=0 must be >= 1" in found

@@ -16,46 +16,14 @@
 # In --dry-run mode each command is printed on one line of stdout, quoted so it can be pasted
 # into a shell; nothing is executed and gcloud need not be installed.
 
-SPADE_GCP_USAGE_EXIT=2
+# shellcheck source=launch/shell_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_lib.sh"
 
 # Remote layout on every TPU worker (overridable through the environment).
 REMOTE_REPO="${REMOTE_REPO:-spade_jax}"          # relative to the remote $HOME
 REMOTE_VENV="${REMOTE_VENV:-spade_venv}"         # relative to the remote $HOME
 REMOTE_LOGS="${REMOTE_LOGS:-spade_logs}"         # relative to the remote $HOME
 REMOTE_MODELS="${REMOTE_MODELS:-/tmp/spade_models}"  # local disk; the boot disk is 100 GB
-
-# Print the comment block at the top of a script (its usage), without the '# ' prefixes.
-print_usage() {
-  awk 'NR == 1 { next } /^#SBATCH/ || !/^#/ { exit } { sub(/^# ?/, ""); print }' "$1"
-}
-
-die() {
-  echo "error: $*" >&2
-  exit "$SPADE_GCP_USAGE_EXIT"
-}
-
-warn() {
-  echo "warning: $*" >&2
-}
-
-# Quote one word for a POSIX shell; plain words are left as they are.
-shell_quote() {
-  local s="$1"
-  if [[ -n "$s" && "$s" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-    printf '%s' "$s"
-  else
-    printf "'%s'" "${s//\'/\'\\\'\'}"
-  fi
-}
-
-# The words as one shell-quoted command line.
-quote_words() {
-  local out="" w
-  for w in "$@"; do
-    out+="${out:+ }$(shell_quote "$w")"
-  done
-  printf '%s' "$out"
-}
 
 # Run a command, or print it in --dry-run mode.
 run() {

@@ -12,32 +12,8 @@
 #   --dry-run               DRY_RUN=1   print the command instead of running it
 # Arguments after `--` (and any --config.a.b=v) go to launch/train.py as they are.
 
-# Print the comment block at the top of a script (its usage), without the '# ' prefixes.
-print_usage() {
-  awk 'NR == 1 { next } /^#SBATCH/ || !/^#/ { exit } { sub(/^# ?/, ""); print }' "$1"
-}
-
-die() {
-  echo "error: $*" >&2
-  exit 2
-}
-
-shell_quote() {
-  local s="$1"
-  if [[ -n "$s" && "$s" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-    printf '%s' "$s"
-  else
-    printf "'%s'" "${s//\'/\'\\\'\'}"
-  fi
-}
-
-quote_words() {
-  local out="" w
-  for w in "$@"; do
-    out+="${out:+ }$(shell_quote "$w")"
-  done
-  printf '%s' "$out"
-}
+# shellcheck source=launch/shell_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_lib.sh"
 
 CONFIG="${CONFIG:-}"
 WORKDIR="${WORKDIR:-}"

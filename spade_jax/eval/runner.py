@@ -184,13 +184,11 @@ def in_loop_tasks(eval_config, games_max_turns: int) -> list[EvalTask]:
                        games=eval_config.games, games_max_turns=games_max_turns)
 
 
-def run_in_loop_eval(rt, run, tasks: Sequence[EvalTask], out_dir: str | Path | None
-                     ) -> dict[str, float]:
-    """Evaluate `tasks` afresh (no hints, greedy) into `out_dir`; their `eval/*` metrics.
-
-    `run` is the run's `RunConfig`."""
-    summary = evaluate(rt, tasks, out_dir, max_new_tokens=run.sampling.agent_max_new_tokens,
-                       with_hints=False, resume=False, progress=False, seed=run.seed)
+def run_in_loop_eval(rt, tasks: Sequence[EvalTask], out_dir: str | Path | None, *,
+                     max_new_tokens: int, seed: int) -> dict[str, float]:
+    """Evaluate `tasks` afresh (no hints, greedy) into `out_dir`; their `eval/*` metrics."""
+    summary = evaluate(rt, tasks, out_dir, max_new_tokens=max_new_tokens,
+                       with_hints=False, resume=False, progress=False, seed=seed)
     return summary_metrics(summary)
 
 
@@ -231,7 +229,7 @@ def _eval_pool(sandbox):
     """A pool with the run's `SandboxConfig` and the evaluation's step timeout."""
     from spade_jax.envs import EnvPool
 
-    return EnvPool(dataclasses.replace(sandbox, call_timeout_s=EVAL_STEP_TIMEOUT_S),
+    return EnvPool(dataclasses.replace(sandbox, step_timeout_s=EVAL_STEP_TIMEOUT_S),
                    warm=sandbox.warm_workers)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from spade_jax.models.attention import AttentionKernel
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -30,6 +32,14 @@ class ModelConfig:
     norm_topk_prob: bool = True
     max_position: int = 32768
     family: str = "llama"  # llama | qwen3 | qwen3_moe: decides the HF layout on export
+    # Not architecture: which kernel runs causal attention (config key `model.attention`).
+    attention: AttentionKernel = AttentionKernel.AUTO
+
+    def __post_init__(self):
+        if self.attention not in tuple(AttentionKernel):
+            raise ValueError(f"attention={self.attention!r}: use one of "
+                             f"{tuple(k.value for k in AttentionKernel)}")
+        object.__setattr__(self, "attention", AttentionKernel(self.attention))
 
     @property
     def is_moe(self) -> bool:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from spade_jax.models import layers, moe
+from spade_jax.models.attention import SlotMask, attention
 from spade_jax.models.config import ModelConfig
 
 
@@ -90,7 +91,7 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         dtype = compute_dtype or self.embed.dtype
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dtype)
-        mask = attention_mask(kv_mask, tokens.shape[1], 0)
+        mask = SlotMask(kv_mask, 0)
 
         def block(x, params):
             params = jax.tree.map(lambda a: a.astype(dtype), params)
@@ -137,23 +138,12 @@ class Transformer(nnx.Module):
         return layers.vocab_logits(hidden, *self.output_projection())
 
 
-def attention_mask(kv_mask: jax.Array, length: int, cache_index: jax.Array | int) -> jax.Array:
-    """[B, T, S] mask: query t (slot cache_index + t) sees valid slots at or before its own.
-
-    Without a cache pass cache_index=0 and kv_mask [B, T]: plain causal attention over T.
-    """
-    query_slot = cache_index + jnp.arange(length)
-    key_slot = jnp.arange(kv_mask.shape[-1])
-    causal = key_slot[None, :] <= query_slot[:, None]
-    return causal[None] & kv_mask[:, None, :]
-
-
 def decoder_block(
     cfg: ModelConfig,
     params: dict[str, jax.Array],
     x: jax.Array,
     positions: jax.Array,
-    mask: jax.Array,
+    mask: SlotMask,
     layer_cache: tuple[jax.Array, jax.Array] | None,
     cache_index: jax.Array | int,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
@@ -163,9 +153,9 @@ def decoder_block(
     transposed so that every attention product reads them in its natural layout — the new
     keys/values are written at `cache_index` and attention runs over all the slots of that
     cache (callers size it to the live window); the returned pair is the updated cache.
-    Without a cache it is this block's keys/values in the same layout, and `mask` must be the
-    causal `attention_mask(kv_mask, T, 0)` (attention then skips the keys after each query
-    block, see `layers.attention`). Projections are plain
+    Without a cache it is this block's keys/values in the same layout, and `mask` must start
+    at slot 0 (causal self-attention, run by the kernel `cfg.attention` picks; see
+    `attention.attention`). Projections are plain
     2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast): XLA-CPU runs multi-axis
     einsums several times slower.
     `params` may hold fused `wqkv` / `w_gate_up` matrices (see
@@ -192,8 +182,8 @@ def decoder_block(
                                                 cache_index, 3)
         v = jax.lax.dynamic_update_slice_in_dim(layer_cache[1], v.astype(layer_cache[1].dtype),
                                                 cache_index, 2)
-    attn = layers.attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
-                            causal=layer_cache is None)
+    attn = attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
+                     causal=layer_cache is None, kernel=cfg.attention)
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
     if cfg.is_moe:
@@ -229,7 +219,7 @@ def unrolled_forward(
     cfg = model.cfg
     dtype = layer_params[0]["attn_norm"].dtype
     x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
-    mask = attention_mask(kv_mask, tokens.shape[1], cache_index)
+    mask = SlotMask(kv_mask, cache_index)
     new_cache = []
     for params, layer_cache in zip(layer_params, cache, strict=True):
         x, kv = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)

@@ -11,7 +11,7 @@ import flax.nnx as nnx
 from jax.sharding import Mesh
 
 from spade_jax.models.transformer import Transformer
-from spade_jax.sampling.sampler import Sampler
+from spade_jax.sampling.sampler import FinishReason, Sampler
 
 _SAMPLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -28,7 +28,7 @@ class Completion:
     text: str
     tokens: list[int]
     logprobs: list[float]
-    finish_reason: str  # 'stop' | 'length'
+    finish_reason: FinishReason
 
 
 def sampler_for(model: Transformer, mesh: Mesh | None = None) -> Sampler:
@@ -101,9 +101,9 @@ def generate(
         cut = _cut_at_stop_string(tokenizer, tokens, stop_strings) if stop_strings else None
         if cut is not None:
             tokens, text = cut
-            logprobs, reason = logprobs[: len(tokens)], "stop"
+            logprobs, reason = logprobs[: len(tokens)], FinishReason.STOP
         else:
-            body = tokens[:-1] if reason == "stop" else tokens
+            body = tokens[:-1] if reason is FinishReason.STOP else tokens
             text = tokenizer.decode(body, skip_special_tokens=False)
         completions.append(Completion(text, tokens, logprobs, reason))
     return completions

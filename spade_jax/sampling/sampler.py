@@ -35,6 +35,7 @@ programs once (about two per window size it reaches).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Sequence
 from functools import partial
 from typing import NamedTuple
@@ -50,7 +51,13 @@ from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
 from spade_jax.seeding import check_seed
-from spade_jax.sharding import fit_spec, make_mesh, param_shardings, traced_in_mesh
+from spade_jax.sharding import (
+    fit_spec,
+    kv_cache_axes,
+    make_mesh,
+    param_shardings,
+    traced_in_mesh,
+)
 
 _MIN_BUCKET = 16
 _STOP_ID_SLOTS = 8
@@ -75,6 +82,13 @@ _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64
 _SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many steps when needed
 
 
+class FinishReason(enum.StrEnum):
+    """Why a row stopped generating: a stop token, or its token budget."""
+
+    STOP = "stop"
+    LENGTH = "length"
+
+
 @dataclasses.dataclass
 class TurnOutput:
     """What one row generated in one `Session.decode` call."""
@@ -82,7 +96,12 @@ class TurnOutput:
     tokens: list[int]
     logprobs: list[float]  # raw policy log-softmax (temperature 1): PPO old_logp
     sampling_logprobs: list[float]  # under the distribution actually sampled from
-    finish_reason: str  # 'stop' | 'length'
+    finish_reason: FinishReason
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the row ended with a stop token (its turn is complete)."""
+        return self.finish_reason is FinishReason.STOP
 
 
 def fused_decode_weights(model: Transformer) -> dict:
@@ -174,12 +193,11 @@ def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, l
     return final.cache, final.kv_mask, final.buffers, final.n_generated, final.stopped, final.step
 
 
-def _grow(cache, kv_mask, *, new_window):
-    """Pad the cache and kv_mask with empty slots up to `new_window`."""
-    extra = new_window - kv_mask.shape[1]
-    pad_k = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, 0), (0, extra)))  # noqa: E731
-    pad_v = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0)))  # noqa: E731
-    return [(pad_k(k), pad_v(v)) for k, v in cache], jnp.pad(kv_mask, ((0, 0), (0, extra)))
+def _grow_layer(k_t, v, *, new_window):
+    """One layer's keys [B, K, Dh, S] and values [B, K, S, Dh] padded to `new_window` slots."""
+    extra = new_window - v.shape[2]
+    return (jnp.pad(k_t, ((0, 0), (0, 0), (0, 0), (0, extra))),
+            jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))))
 
 
 class Sampler:
@@ -209,8 +227,9 @@ class Sampler:
 
     @property
     def batch_multiple(self) -> int:
-        """Batches are padded to a multiple of the data-parallel size ('data' x 'fsdp')."""
-        return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        """Batches are padded to a multiple of the axes the KV cache's batch is split over."""
+        batch_axes, _ = kv_cache_axes(self.cfg.n_kv_heads, self.mesh.shape)
+        return int(np.prod([self.mesh.shape[a] for a in batch_axes]))
 
     def set_params(self, state: nnx.State) -> None:
         """Use these weights from now on (same structure as the model's state).
@@ -254,7 +273,8 @@ class Sampler:
         return jax.device_put(value, self.batch_sharding(value.shape))
 
     def _cache_sharding(self, shape):
-        spec = PartitionSpec(("data", "fsdp"), "tensor", None, None)
+        batch_axes, head_axis = kv_cache_axes(self.cfg.n_kv_heads, self.mesh.shape)
+        spec = PartitionSpec(batch_axes, head_axis, None, None)
         return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
 
     def _cache_shapes(self, batch: int, window: int) -> tuple[tuple, tuple]:
@@ -281,7 +301,8 @@ class Sampler:
         return self._jitted[key](), kv_mask
 
     def _program(self, name: str, batch: int, window: int, **static):
-        """The jitted 'extend', 'decode' or 'grow' (to `static['new_window']`) program."""
+        """The jitted 'extend', 'decode', 'grow_layer' or 'grow_mask' (to
+        `static['new_window']` slots) program."""
         key = (name, batch, window, tuple(sorted(static.items())))
         if key in self._jitted:
             return self._jitted[key]
@@ -289,10 +310,15 @@ class Sampler:
         row = self.batch_sharding((batch,))
         mat = self.batch_sharding((batch, 2))
         scalar = NamedSharding(self.mesh, PartitionSpec())
-        if name == "grow":
+        if name == "grow_layer":
             self._jitted[key] = jax.jit(
-                partial(_grow, **static), in_shardings=(cache_sh, mat),
-                out_shardings=(self._cache_shardings(batch, static["new_window"]), mat))
+                partial(_grow_layer, **static), in_shardings=cache_sh[0],
+                out_shardings=self._cache_shardings(batch, static["new_window"])[0])
+            return self._jitted[key]
+        if name == "grow_mask":
+            extra = static["new_window"] - window
+            self._jitted[key] = jax.jit(lambda m: jnp.pad(m, ((0, 0), (0, extra))),
+                                        in_shardings=mat, out_shardings=mat)
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh, mat)
@@ -387,9 +413,17 @@ class Session:
         window = bucket(needed, _MIN_WINDOW)
         if self.cache is None:
             self.cache, self.kv_mask = self.sampler.new_cache(self.batch, window)
-        else:
-            grow = self.sampler._program("grow", self.batch, self.window, new_window=window)
-            self.cache, self.kv_mask = grow(self.cache, self.kv_mask)
+        else:  # layer by layer, each old layer freed before the next grows: the peak is the
+            # new cache plus one old layer, not both caches whole
+            grow = self.sampler._program("grow_layer", self.batch, self.window,
+                                         new_window=window)
+            for layer, (k_t, v) in enumerate(self.cache):
+                self.cache[layer] = None
+                self.cache[layer] = grow(k_t, v)
+                del k_t, v
+            grow_mask = self.sampler._program("grow_mask", self.batch, self.window,
+                                              new_window=window)
+            self.kv_mask = grow_mask(self.kv_mask)
 
     @property
     def free_slots(self) -> int:
@@ -480,7 +514,7 @@ class Session:
         stop_ids = np.full((_STOP_ID_SLOTS,), -1, np.int32)
         stop_ids[: len(stop_token_ids)] = list(stop_token_ids)
         outputs: list[TurnOutput | None] = [
-            TurnOutput([], [], [], "length") if limit > 0 else None for limit in limits]
+            TurnOutput([], [], [], FinishReason.LENGTH) if limit > 0 else None for limit in limits]
         remaining, running = limits.copy(), limits > 0
         while running.any() and self.write_index < self.slots:
             want = min(int(remaining[running].max()), self.slots - self.write_index)
@@ -503,7 +537,7 @@ class Session:
                 self.sampling_logprobs[r] += sampling_logps
                 remaining[r] -= k
                 if stopped[r]:
-                    out.finish_reason = "stop"
+                    out.finish_reason = FinishReason.STOP
                 running[r] = not stopped[r] and remaining[r] > 0
         return outputs
 

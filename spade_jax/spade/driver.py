@@ -99,7 +99,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
             metrics["throughput/tokens_per_s"] = rt.pop_tokens_per_second()
             if eval_tasks and state.cycle % run.eval.every == 0:
                 eval_dir = os.path.join(workdir, "eval", f"cycle_{cycle:05d}") if main else None
-                metrics.update(run_in_loop_eval(rt, run, eval_tasks, eval_dir))
+                metrics.update(run_in_loop_eval(
+                    rt, eval_tasks, eval_dir, max_new_tokens=run.sampling.agent_max_new_tokens,
+                    seed=run.seed))
             writer.write(cycle, metrics)
             history.append({"cycle": cycle, **metrics})
             bar.update(1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from spade_jax.spade.hints import HintMode, HintStatus
 from spade_jax.spade.memory import EnvMemory, new_record
 from spade_jax.spade.rewards import DesignerStatus
 from spade_jax.spade.rollout import Episode, EpisodeSpec, EpisodeStatus
+
+if TYPE_CHECKING:
+    from spade_jax.config import RunConfig, SamplingConfig, SpadeConfig
 
 
 @dataclasses.dataclass
@@ -115,10 +118,9 @@ def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> Tra
 
 
 def run_designer(
-    rt, cfg, state: HostState, corpus, rng
+    rt, s: SpadeConfig, sampling: SamplingConfig, state: HostState, corpus, rng
 ) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
     """Ask the Designer for `games_per_cycle` environments (with retries) and their hints."""
-    s = cfg.spade
     regen_index = state.cycle // s.regen_interval
     window = active_skills(list(s.skills), s.skills_per_regen, regen_index)
     slot_skills = [window[i % len(window)] for i in range(s.games_per_cycle)]
@@ -133,30 +135,31 @@ def run_designer(
         return messages, (document.doc_id if document else None)
 
     def generate(messages_list):
-        return rt.generate(messages_list, temperature=cfg.sampling.designer_temperature,
-                           max_new_tokens=cfg.sampling.designer_max_new_tokens,
+        return rt.generate(messages_list, temperature=sampling.designer_temperature,
+                           max_new_tokens=sampling.designer_max_new_tokens,
                            seed=int(rng.integers(SEED_LIMIT)))
 
     attempts, admitted = design_environments(
         slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,
         validate_many=rt.validate_many, max_attempts=s.max_attempts)
     admitted = [e for e in admitted if not state.memory.contains_hash_of(e.code)]
-    write_hints(rt, cfg, admitted, rng)
+    write_hints(rt, s, sampling, admitted, rng)
     return attempts, admitted
 
 
-def write_hints(rt, cfg, envs: list[DesignedEnv], rng) -> None:
+def write_hints(rt, s: SpadeConfig, sampling: SamplingConfig, envs: list[DesignedEnv],
+                rng) -> None:
     """Fill `env.hint` per the hint mode (the env runner leak-checks it per episode)."""
     if not envs:
         return
-    if cfg.spade.hint_mode == HintMode.DESIGNER:
+    if s.hint_mode == HintMode.DESIGNER:
         for env in envs:
             env.hint = ENV_HINT
         return
     completions = rt.generate(
-        [hint_lib.hint_messages(e.code, cfg.spade.game_type) for e in envs],
-        temperature=cfg.sampling.hint_temperature,
-        max_new_tokens=cfg.sampling.hint_max_new_tokens, seed=int(rng.integers(SEED_LIMIT)))
+        [hint_lib.hint_messages(e.code, s.game_type) for e in envs],
+        temperature=sampling.hint_temperature,
+        max_new_tokens=sampling.hint_max_new_tokens, seed=int(rng.integers(SEED_LIMIT)))
     for env, completion in zip(envs, completions, strict=True):
         env.hint = hint_lib.clean_hint(completion.text) or ""
 
@@ -188,35 +191,34 @@ class EnvPlays:
         return [e.episode_return for e in self.nohint]
 
 
-def play_pool(rt, cfg, state: HostState, envs: list[DesignedEnv]) -> list[EnvPlays]:
+def play_pool(rt, k: int, run_seed: int, cycle: int, envs: list[DesignedEnv]) -> list[EnvPlays]:
     """K plays without and K with hint of every env, all in one batch, on shared seeds."""
-    k = cfg.spade.plays_per_env
     spec_pairs = []
     for env in envs:
-        seeds = [episode_seed(cfg.seed, state.cycle, env.env_id, i) for i in range(k)]
+        seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(k)]
         spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds],
                            [EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None)
                             for sd in seeds]))
     results = iter(rt.play([spec for pair in spec_pairs for specs in pair for spec in specs],
-                           seed=play_seed(cfg.seed, state.cycle)))
+                           seed=play_seed(run_seed, cycle)))
     return [EnvPlays.scored(env, [next(results) for _ in nohint], [next(results) for _ in hinted])
             for env, (nohint, hinted) in zip(envs, spec_pairs, strict=True)]
 
 
-def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
+def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[str, float]:
     """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics.
 
-    `cfg` is the run's `RunConfig` (spade_jax.config.parse)."""
-    s = cfg.spade
-    rng = cycle_rng(cfg.seed, state.cycle, 0)
+    The cycle composes the steps below and hands each one the records it needs."""
+    s = run.spade
+    rng = cycle_rng(run.seed, state.cycle, 0)
     metrics: dict[str, float] = {}
     attempts: list[DesignAttempt] = []
     regen = state.cycle % s.regen_interval == 0
-    if not cfg.mode.designs:
+    if not run.mode.designs:
         if not state.pool:
             state.pool = rt.fixed_pool()
     elif regen:
-        attempts, admitted = run_designer(rt, cfg, state, corpus, rng)
+        attempts, admitted = run_designer(rt, s, run.sampling, state, corpus, rng)
         metrics.update(validation_metrics(attempts))
         metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
         if admitted:
@@ -234,8 +236,9 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
     pool = [e for e in state.pool if e.env_id not in state.blacklist]
     played_envs = pool + [e for e, _ in replayed]
     if any(not e.hint for e, _ in replayed):
-        write_hints(rt, cfg, [e for e, _ in replayed if not e.hint], rng)
-    plays = play_pool(rt, cfg, state, played_envs) if played_envs else []
+        write_hints(rt, s, run.sampling, [e for e, _ in replayed if not e.hint], rng)
+    plays = (play_pool(rt, s.plays_per_env, run.seed, state.cycle, played_envs)
+             if played_envs else [])
 
     for played in plays:
         if any(e.status == EpisodeStatus.TIMEOUT for e in played.episodes):
@@ -260,7 +263,7 @@ def run_cycle(rt, cfg, state: HostState, corpus, artifacts) -> dict[str, float]:
                  {p.env.env_id: p.nohint_returns for p in plays})
     due = [d for d in state.pending_designs if d.due <= state.cycle]
     state.pending_designs = [d for d in state.pending_designs if d.due > state.cycle]
-    designer_samples, raw = designer_samples_for(cfg, state, due, len(agent_samples))
+    designer_samples, raw = designer_samples_for(s, state, due, len(agent_samples))
     if len(raw):
         metrics["designer/reward_mean"] = float(np.mean(raw))
 
@@ -298,14 +301,13 @@ def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
 
 
 def designer_samples_for(
-    cfg, state, due: list[PendingDesign], n_agent: int
+    s: SpadeConfig, state, due: list[PendingDesign], n_agent: int
 ) -> tuple[list[TrainSample], np.ndarray]:
     """The due Designer samples with their advantages, and the raw rewards of all of them.
 
     Rewards follow the variant, penalties, per-skill centring and role scale (docs/DESIGN.md §4.6),
     over each sample's delay window (only the regen cycle itself when the delay is 0).
     """
-    s = cfg.spade
     outcomes = [due_outcome(d, state.blacklist, s.matched_timing) for d in due]
     if not outcomes:
         return [], np.zeros(0)

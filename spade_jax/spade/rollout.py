@@ -206,7 +206,7 @@ def play_episodes(
                 done[i] = True
             else:
                 text = result.observation[:4 * max_observation_tokens]
-                observations[i] = chat.observation_turn(text, outputs[i].finish_reason == "stop")
+                observations[i] = chat.observation_turn(text, outputs[i].stopped)
         for i, ids in enumerate(observations):
             if ids is not None and len(ids) + max_new_tokens > session.free_slots:
                 observations[i], status[i], done[i] = None, EpisodeStatus.CONTEXT_FULL, True

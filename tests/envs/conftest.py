@@ -7,7 +7,7 @@ import pytest
 from spade_jax.envs.sandbox import EnvPool, SandboxConfig
 
 CASES = pathlib.Path(__file__).parent / "cases"
-TEST_CONFIG = SandboxConfig(call_timeout_s=3.0, start_timeout_s=30.0)
+TEST_CONFIG = SandboxConfig(step_timeout_s=3.0, start_timeout_s=30.0)
 
 
 def case(name: str) -> str:

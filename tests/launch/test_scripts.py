@@ -27,8 +27,9 @@ ALL_SCRIPTS = (
         GPU / s
         for s in ("common.sh", "train_single_node.sh", "submit_slurm.sh", "train_slurm.sbatch")
     ]
-    + [REPO / "launch" / "install.sh", REPO / ".ci" / "run"]
+    + [REPO / "launch" / s for s in ("install.sh", "shell_lib.sh")] + [REPO / ".ci" / "run"]
 )
+SOURCED = ("common.sh", "shell_lib.sh")  # libraries the scripts source; never run themselves
 # Settings the scripts read from the environment; the tests start from none of them.
 SETTINGS = (
     "PROJECT",
@@ -134,7 +135,7 @@ def test_shellcheck(script):
 def test_scripts_are_strict_and_executable():
     for script in ALL_SCRIPTS:
         text = script.read_text()
-        if script.name != "common.sh":
+        if script.name not in SOURCED:
             assert "set -euo pipefail" in text, script
             assert os.access(script, os.X_OK), f"{script} is not executable"
 

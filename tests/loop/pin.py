@@ -70,7 +70,7 @@ class ScriptedSession:
             self.logprobs[r] += [0.0] * len(obs)
 
     def decode(self, max_new_tokens, *, stop_token_ids=(), seed=0, active=None, **_):
-        from spade_jax.sampling.sampler import TurnOutput
+        from spade_jax.sampling.sampler import FinishReason, TurnOutput
 
         outputs = []
         for r, prompt in enumerate(self.prompt_texts):
@@ -82,7 +82,8 @@ class ScriptedSession:
             tokens = (tokens + list(stop_token_ids[:1]))[:max_new_tokens]
             stopped = bool(stop_token_ids) and tokens[-1:] == list(stop_token_ids[:1])
             logps = [-1.0] * len(tokens)
-            outputs.append(TurnOutput(tokens, logps, logps, "stop" if stopped else "length"))
+            reason = FinishReason.STOP if stopped else FinishReason.LENGTH
+            outputs.append(TurnOutput(tokens, logps, logps, reason))
             self.sequences[r] += tokens
             self.loss_masks[r] += [1] * len(tokens)
             self.logprobs[r] += logps

@@ -35,7 +35,6 @@ def test_hint_plays_shown_no_hint_are_counted_by_reason():
 def test_play_pool_pairs_each_envs_plays_by_seed():
     from types import SimpleNamespace
 
-    from spade_jax.config import load_config_file
     from spade_jax.spade.loop import play_pool
 
     def play(specs, seed):  # an episode per spec that remembers what it was asked to play
@@ -43,11 +42,9 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
                         [float(s.hint is not None)], True, "ok", 1, 1, hint=s.hint)
                 for s in specs]
 
-    cfg = load_config_file("tiny")
-    cfg.spade.plays_per_env = 3
     envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0, hint=f"h{i}")
             for i in range(2)]
-    plays = play_pool(SimpleNamespace(play=play), cfg, SimpleNamespace(cycle=4), envs)
+    plays = play_pool(SimpleNamespace(play=play), 3, 0, 4, envs)
     assert [p.env for p in plays] == envs
     for p in plays:
         assert [e.spec.env_id for e in p.episodes] == [p.env.env_id] * 6

@@ -44,3 +44,19 @@ def assert_one_clear_error(tmp_path, override, message):
     assert error.startswith("error: ") and message in error, result.stderr[-2000:]
     assert [line.startswith("error:") for line in result.stderr.splitlines()].count(True) == 1
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["launch/eval.py", "--config=configs/tiny.py", "--out=unused", "--limit=abc"],
+    ["launch/export.py", "--config=configs/tiny.py", "--limit=abc"],
+    ["-m", "spade_jax.plan", "--config=configs/tiny.py", "--limit=abc"],
+    ["-m", "spade_jax.readiness", "--config=configs/tiny.py", "--limit=abc"],
+])
+def test_every_entry_point_refuses_a_bad_flag_in_one_line(command):
+    """The other commands parse flags like launch/train.py (spade_jax.cli.parse_flags)."""
+    result = subprocess.run([sys.executable, *command], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "FATAL" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "limit" in lines[-1], result.stderr[-2000:]

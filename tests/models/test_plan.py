@@ -33,6 +33,10 @@ def test_parameter_bytes_follow_the_shardings():
     assert plan.gradients == plan.parameters
     # KV cache: 2 x [L=4, B=16/4, S=256, K=4/2, Dh=32] in bf16.
     assert plan.kv_cache == 2 * 4 * 4 * 256 * 2 * 32 * 2
+    # 4 KV heads on tensor=8 cannot split: the batch is split 32 ways instead of replicated.
+    wide = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "mesh": (1, 4, 8),
+                                          "rollout_batch": 64}))
+    assert wide.kv_cache == 2 * 4 * (64 // 32) * 256 * 4 * 32 * 2
     no_remat = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "remat": "none"}))
     assert no_remat.activations > plan.activations
     assert "fits" in format_plan(CFG, SHAPE, plan, hbm_gib=16)

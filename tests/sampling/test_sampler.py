@@ -226,3 +226,25 @@ def test_generate_reuses_unchanged_weights_and_picks_up_new_ones():
     prompt = tok.encode("hello")
     assert_greedy(changed, full_logprobs(model, prompt + changed)[len(prompt) - 1: -1])
     assert changed != first
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 2, 4), (2, 2, 2)])
+def test_kv_cache_is_never_replicated_and_grows_layer_by_layer(model, sampler, mesh_shape):
+    """2 KV heads do not divide tensor=4, so the cache's batch is split over 'tensor' too: each
+    device holds 1/8 of it. An observation past the window grows the cache mid-session; the
+    tokens before and after still match one device."""
+    prompts = [[1 + (i + j) % 50 for j in range(5 + i)] for i in range(8)]
+    observation = [[3 + j % 40 for j in range(100)]] * 8
+
+    def play(session):
+        first = session.decode(4, temperature=1.0, seed=5)
+        window = session.window
+        session.append(observation)
+        assert session.window > window  # the append grew the cache
+        return [t.tokens for t in first + session.decode(4, temperature=1.0, seed=6)]
+
+    sharded = Sampler(model, mesh=make_mesh(mesh_shape)).start(prompts, capacity=256)
+    assert play(sharded) == play(sampler.start(prompts, capacity=256))
+    for k_t, v in sharded.cache:
+        for array in (k_t, v):
+            assert array.addressable_shards[0].data.size * 8 == array.size, array.sharding

@@ -47,12 +47,20 @@ class SandboxConfig:
     output_cap_chars: int = 8192
     reply_cap_bytes: int = 2 << 20
     max_code_bytes: int = 512 << 10
-    call_timeout_s: float = 5.0
+    step_timeout_s: float = 5.0
     start_timeout_s: float = 30.0
     use_bwrap: bool = True
     use_seccomp: bool = True
     allow_unsafe: bool = False
     warm_workers: int = 8  # idle workers an EnvPool keeps started (the run's sandbox.warm_workers)
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, one message per problem (key names as in config)."""
+        out = [] if self.step_timeout_s > 0 else [f"step_timeout_s={self.step_timeout_s} "
+                                                   "must be > 0"]
+        if self.warm_workers < 0:
+            out.append(f"warm_workers={self.warm_workers} must be >= 0")
+        return out
 
     def worker_config(self) -> dict:
         """The JSON configuration the worker receives on its command line."""

@@ -227,7 +227,7 @@ class EnvPool:
 
     def _job(self, handle: int, requests: list[dict]) -> _Job:
         episode = self._episodes.get(handle)
-        job = _Job(handle, episode, requests, self.config.call_timeout_s)
+        job = _Job(handle, episode, requests, self.config.step_timeout_s)
         if episode is None:
             job.status, job.error = CRASHED, f"unknown or closed handle {handle}"
         elif episode.ended:
