@@ -10,12 +10,13 @@ replicated over 'tensor' (sharded over data and fsdp only), so the combine is th
 [tokens, D] all-reduce the dense layer needed, where a ragged all-to-all would add two
 exchanges of the k copies for no saving at this layout.
 Dropless means a rank's buffer has room for the worst case, every local token sending
-min(k, E/tp) copies to it; rows past the real count are zeros of the grouped matmul.
+min(k, E/tp) copies to it; rows past the real count are zeros of the grouped matmul (a static
+program, as XLA's cost analysis counts it, does that worst case: up to tp x the balanced work).
 `moe_mlp_dense` runs every expert on every token (E/k times the FLOPs) and is the reference
 the tests compare against. `grouped_matmul` is `jax.lax.ragged_dot` on TPU and GPU (XLA's native
 ragged dot; the megablox GMM Pallas kernel is not used, it was not tested here) and
-`tiled_grouped_matmul` on CPU, where JAX expands `ragged_dot` into a masked product with every
-expert (E/tp times the FLOPs of the dense layer's routed share).
+`tiled_grouped_matmul` on CPU, where JAX expands `ragged_dot` into a masked product of every
+row with every expert (k times the dense layer's FLOPs when k <= E/tp).
 """
 
 from __future__ import annotations
