@@ -50,13 +50,6 @@ def router_weights(x: jax.Array, router: jax.Array, top_k: int, normalise: bool)
     return jnp.einsum("...k,...ke->...e", top_vals, one_hot)
 
 
-def expert_load(top_idx: jax.Array, n_experts: int) -> dict[str, jax.Array]:
-    """Load-balance statistics of a routing: copies per expert [E] and their max / mean."""
-    counts = jnp.sum(jax.nn.one_hot(top_idx.reshape(-1), n_experts, dtype=jnp.int32), axis=0)
-    return {"tokens_per_expert": counts,
-            "expert_load_max_over_mean": jnp.max(counts) * n_experts / top_idx.size}
-
-
 def moe_mlp_dense(
     x: jax.Array, router: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
     top_k: int, normalise: bool,

@@ -80,13 +80,6 @@ def test_expert_parallel_equals_dense(shape, collapsed):
     _assert_close(got, want)
 
 
-def test_expert_load_counts_copies_per_expert():
-    top_idx = jnp.array([[5, 2], [5, 2], [5, 1]])
-    load = moe.expert_load(top_idx, E)
-    np.testing.assert_array_equal(load["tokens_per_expert"], [0, 1, 2, 0, 0, 3, 0, 0])
-    assert float(load["expert_load_max_over_mean"]) == pytest.approx(3 * E / 6)
-
-
 def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
     """The model's MoE path under the train step: shard_map on (1, 2, 4), same update as 1 CPU."""
     import flax.nnx as nnx
