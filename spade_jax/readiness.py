@@ -35,6 +35,7 @@ class ProgramReport:
     lower_s: float
     compile_s: float | None = None
     memory: dict[str, int] | None = None
+    flops: float | None = None  # per device, XLA's cost analysis of the compiled program
 
     def line(self) -> str:
         head = f"{self.name:<14} lowered in {self.lower_s:5.1f}s"
@@ -68,6 +69,44 @@ def memory_figures(compiled) -> dict[str, int] | None:
     # Donated (aliased) outputs reuse their argument buffers.
     m["peak"] = m["argument"] + m["output"] - m["alias"] + m["temp"]
     return m
+
+
+def active_params_per_layer(cfg) -> int:
+    """Parameters one token multiplies by in a decoder layer: attention, router, top-k experts."""
+    attention = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    attention += cfg.n_heads * cfg.head_dim * cfg.d_model
+    if cfg.is_moe:
+        mlp = cfg.n_experts_per_tok * 3 * cfg.d_model * cfg.expert_ffn_dim
+        return attention + mlp + cfg.d_model * cfg.n_experts
+    return attention + 3 * cfg.d_model * cfg.ffn_dim
+
+
+def train_flops_reference(cfg, seq_len: int, logit_positions: int) -> float:
+    """6 x N_active + causal attention per token, for what XLA's cost analysis counts of a
+    train step: one decoder layer (the layer `scan` body is counted once, whatever the depth)
+    and the output projection for `logit_positions` of each row's `seq_len` tokens (one chunk
+    of the chunked log-probs loop). Causal attention: QK^T and PV over seq_len/2 keys on
+    average, 2 x 2 x H x Dh x seq_len/2 forward, 3x with the backward pass."""
+    logits = cfg.d_model * cfg.vocab_size * logit_positions / seq_len
+    attention = 6 * cfg.n_heads * cfg.head_dim * seq_len
+    return 6 * (active_params_per_layer(cfg) + logits) + attention
+
+
+def decode_flops_reference(cfg, context: int) -> float:
+    """2 x N_active per generated token over all layers and the output projection, plus the
+    attention of one query against `context` cached slots (decode unrolls its layers)."""
+    attention = 4 * cfg.n_heads * cfg.head_dim * context
+    return cfg.n_layers * (2 * active_params_per_layer(cfg) + attention) + (
+        2 * cfg.d_model * cfg.vocab_size)
+
+
+def _flops(value: float) -> str:
+    return f"{value / 1e9:.3f}G" if value >= 1e8 else f"{value / 1e6:.3f}M"
+
+
+def flops_per_token(report: ProgramReport, n_devices: int, tokens: int) -> float:
+    """Global FLOPs per token of a compiled SPMD program: per-device FLOPs x devices / tokens."""
+    return report.flops * n_devices / tokens
 
 
 def _timed(fn):
@@ -171,10 +210,13 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
         if compile_programs:
             compiled, report.compile_s = _timed(lowered.compile)
             report.memory = memory_figures(compiled)
+            report.flops = float(compiled.cost_analysis().get("flops", 0.0)) or None
         reports.append(report)
     summary = dict(mesh=dict(mesh.shape), layers=model_cfg.n_layers, n_params=n_params,
                    train_batch=(rows, seq_len), micro_batches=micro_batches,
-                   rollout_batch=rollout_batch, context=context, full_state=full)
+                   rollout_batch=rollout_batch, context=context, full_state=full,
+                   n_devices=n_devices, model_cfg=model_cfg,
+                   logit_positions=min(t.logprob_chunk, seq_len - 1))
     return reports, summary
 
 
@@ -242,9 +284,13 @@ def main(argv) -> None:
     print("== memory plan (full depth, analytic) ==")
     cfg, shape = plan_from_config(run_cfg, n_devices)
     print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
+    reduced_plan = None
     if FLAGS.layers:
         reduced = cfg.replace(n_layers=FLAGS.layers)
         plan = memory_plan(reduced, shape)
+        # the plan of the compiled train step: same depth and sequence length
+        reduced_plan = memory_plan(reduced, dataclasses.replace(
+            shape, seq_len=FLAGS.seq_len or shape.seq_len))
         print(f"plan at {FLAGS.layers} layers: parameters+optimizer "
               f"{(plan.parameters + plan.optimizer) / (1 << 30):.2f} GiB per device")
     report, _ = lower_for_platform(run_cfg, n_devices, seq_len=FLAGS.seq_len or 2048)
@@ -268,7 +314,38 @@ def main(argv) -> None:
           f"{summary['context']} slots")
     for report in reports:
         print(report.line())
+    for line in cost_lines(reports, summary, reduced_plan):
+        print(line)
     print("readiness: OK")
+
+
+def cost_lines(reports: list[ProgramReport], summary: dict, plan=None) -> list[str]:
+    """The FLOPs-per-token proof and XLA's peak bytes beside the plan, from compiled reports."""
+    by_name = {r.name: r for r in reports}
+    cfg, n_devices = summary["model_cfg"], summary["n_devices"]
+    rows, seq_len = summary["train_batch"]
+    out = []
+    train, decode = by_name.get("train_step"), by_name.get("sampler.decode")
+    if train is not None and train.flops:
+        x = flops_per_token(train, n_devices, rows // summary["micro_batches"] * seq_len)
+        y = train_flops_reference(cfg, seq_len, summary["logit_positions"])
+        out.append(f"train step FLOPs/token: {_flops(x)} (6·N_active + attention: {_flops(y)}, "
+                   f"ratio {x / y:.2f})")
+        out.append(f"  counted as XLA counts loops, each body once: one micro-batch, one of the "
+                   f"{cfg.n_layers} decoder layers (N_active "
+                   f"{active_params_per_layer(cfg) / 1e6:.1f}M), the output projection for "
+                   f"{summary['logit_positions']} of {seq_len} positions (one log-prob chunk)")
+    if decode is not None and decode.flops:
+        x = flops_per_token(decode, n_devices, summary["rollout_batch"])
+        y = decode_flops_reference(cfg, summary["context"])
+        out.append(f"decode step FLOPs/token: {_flops(x)} (2·N_active + attention over "
+                   f"{summary['context']} slots: {_flops(y)}, ratio {x / y:.2f})")
+    if train is not None and train.memory and plan is not None:
+        gib = 1 << 30
+        out.append(f"train step peak per device: XLA {train.memory['peak'] / gib:.2f} GiB (CPU "
+                   f"buffer assignment), plan {plan.training_peak / gib:.2f} GiB at "
+                   f"{cfg.n_layers} layers")
+    return out
 
 
 def _define_flags() -> None:

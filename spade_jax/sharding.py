@@ -29,6 +29,15 @@ def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
+def traced_in_mesh(fn, mesh: Mesh):
+    """`fn` traced with `mesh` as the context mesh, so `shard_map` inside it (the
+    expert-parallel MoE layer) finds the mesh without it being threaded through the model."""
+    def wrapped(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
 def fit_spec(spec: PartitionSpec | tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """Drop mesh axes from `spec` that do not divide the matching dimension of `shape`."""
     fitted = []

@@ -6,11 +6,8 @@ logical PartitionSpec over the mesh axes ('data', 'fsdp', 'tensor') as NNX metad
 `spade_jax.sharding` for how specs are fitted to a concrete mesh.
 
 Mixture of experts: experts are stacked [E, D, F] and sharded over 'tensor' (the expert axis
-doubles as the tensor axis). The CPU path evaluates all experts densely and weights them by the
-router (exact); on a sharded mesh XLA turns the weighted sum over E into a reduction across the
-'tensor' axis. A routed kernel with all-to-all dispatch is the TPU/GPU speed path and is not
-implemented yet; the comment block above `layers.moe_mlp_dense` spells out the sharding, the
-dense fallback's reduction and the ragged all-to-all pattern a routed kernel would use.
+doubles as the tensor axis); `moe.moe_mlp` routes each token to its top-k experts, expert-parallel
+over 'tensor' when traced under the mesh (`jax.set_mesh`, as the train step and sampler do).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
-from spade_jax.models import layers
+from spade_jax.models import layers, moe
 from spade_jax.models.attention import SlotMask, attention
 from spade_jax.models.config import ModelConfig
 
@@ -190,7 +187,7 @@ def decoder_block(
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
     if cfg.is_moe:
-        x = x + layers.moe_mlp_dense(
+        x = x + moe.moe_mlp(
             h, params["router"], params["w_gate"], params["w_up"], params["w_down"],
             cfg.n_experts_per_tok, cfg.norm_topk_prob,
         )

@@ -29,7 +29,7 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.logprobs import token_logprobs
 from spade_jax.rl.losses import ppo_clip_loss
-from spade_jax.sharding import param_shardings
+from spade_jax.sharding import param_shardings, traced_in_mesh
 
 _BATCH_AXES = ("data", "fsdp")
 
@@ -170,7 +170,7 @@ class TrainStep:
                                    out_shardings=(self.shardings, self.replicated))
 
     def _loss(self, params, micro):
-        return _micro_loss(self.graphdef, self.config, params, micro)
+        return traced_in_mesh(_micro_loss, self.mesh)(self.graphdef, self.config, params, micro)
 
     def _batch_sharding(self, a) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))

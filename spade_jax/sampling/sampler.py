@@ -51,7 +51,13 @@ from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
 from spade_jax.seeding import check_seed
-from spade_jax.sharding import fit_spec, kv_cache_axes, make_mesh, param_shardings
+from spade_jax.sharding import (
+    fit_spec,
+    kv_cache_axes,
+    make_mesh,
+    param_shardings,
+    traced_in_mesh,
+)
 
 _MIN_BUCKET = 16
 _STOP_ID_SLOTS = 8
@@ -325,7 +331,8 @@ class Sampler:
             in_sh = (*head, row, row, scalar, row, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, mat, (mat, mat, mat), row, row, scalar)
-        self._jitted[key] = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh,
+        self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
+                                    out_shardings=out_sh,
                                     donate_argnums=(2, 3))
         return self._jitted[key]
 
