@@ -78,7 +78,7 @@ def main() -> None:
     step = TrainStep(policy.config, optimizer, mesh, config)
     batch = dict(tokens=tokens, loss_mask=np.ones((b, t), np.float32),
                  advantages=rng.normal(size=b).astype(np.float32),
-                 old_logp=np.full((b, t), -10.0, np.float32))
+                 behaviour_logp=np.full((b, t), -10.0, np.float32))
 
     def ours():
         state["s"], metrics = step(state["s"], batch)

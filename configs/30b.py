@@ -14,7 +14,7 @@ def get_config():
                         head_dim=128, ffn_dim=6144, rope_theta=10000000.0, rms_eps=1e-6,
                         tie_embeddings=False, qk_norm=True, n_experts=128, n_experts_per_tok=8,
                         expert_ffn_dim=768, norm_topk_prob=True, family="qwen3_moe")
-    c.model.param_dtype = "bfloat16"
+    c.model.param_dtype = "float32"  # master weights; matmuls in bf16
     c.model.compute_dtype = "bfloat16"
     c.mesh.update(dict(data=1, fsdp=-1, tensor=8))
     return c

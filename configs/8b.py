@@ -9,7 +9,7 @@ def get_config():
     c.model.arch = arch(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8,
                         head_dim=128, ffn_dim=12288, rope_theta=1000000.0, rms_eps=1e-6,
                         tie_embeddings=False, qk_norm=True, family="qwen3")
-    c.model.param_dtype = "bfloat16"
+    c.model.param_dtype = "float32"  # master weights; matmuls in bf16
     c.model.compute_dtype = "bfloat16"
     c.mesh.update(dict(data=1, fsdp=-1, tensor=1))
     return c

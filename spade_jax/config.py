@@ -23,6 +23,7 @@ from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
 from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.config import ModelConfig
+from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.seeding import check_seed
 from spade_jax.spade.hints import HintMode
@@ -71,6 +72,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.source = "random"
     c.model.tokenizer = "smollm2-135m-instruct"  # used when source is 'random'
     c.model.arch = arch()
+    # The master weights the optimizer updates: float32 (a bf16 weight does not move at lr
+    # 1e-6). compute_dtype is the matmul dtype of training and of the sampler's weight copy.
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
     # Causal attention kernel: auto (splash on TPU, cuDNN on GPU in bf16/fp16, else xla),
@@ -98,8 +101,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.grad_clip = 1.0
     c.train.clip_low = 0.2
     c.train.clip_high = 0.28
-    c.train.tis_cap = 2.0  # importance-weight truncation for delayed / off-policy samples
-    c.train.kl_coef = 0.0
+    # TIS cap on exp(train logp - sampler logp) for every sample (0: off); Slime --use-tis
+    # with its --tis-clip default 2.0, as every reference recipe.
+    c.train.tis_cap = 2.0
+    c.train.kl_coef = 0.0  # low-variance KL to the initial weights; 0.005 in 8B / tool-use
+    c.train.loss_aggregation = LossAggregation.SAMPLE_MEAN.value  # sample_mean | token_mean
     c.train.remat = Remat.BLOCK.value  # none | block
     c.train.micro_batch = 8  # sequences per micro-batch (gradient accumulation is exact)
     c.train.seq_len = 32768  # longest trained sequence (memory plan)
@@ -188,6 +194,9 @@ def _type_problems(record_cls, values: dict) -> list[str]:
     return out
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
     """Where the policy comes from: a checkpoint `source` (or 'random' built from `arch`)."""
@@ -200,13 +209,20 @@ class PolicyConfig:
     attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
 
     def problems(self) -> list[str]:
+        out = []
+        if self.param_dtype != "float32":
+            out.append(f"param_dtype={self.param_dtype!r}: the master weights must be 'float32' "
+                       "(AdamW's lr-1e-6 updates vanish in a bf16 weight); set "
+                       "compute_dtype='bfloat16' for bf16 matmuls")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            out.append(f"compute_dtype={self.compute_dtype!r}: use one of {COMPUTE_DTYPES}")
         if self.source != "random" or self.arch is None:  # None: arch's problems already noted
-            return []
+            return out
         try:
             self.arch.validate()
         except (TypeError, ValueError) as err:
-            return [f"arch: {err}"]
-        return []
+            return [*out, f"arch: {err}"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,6 +431,8 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
         model["arch"] = model["arch"].replace(attention=model["attention"])
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
+    t["loss_aggregation"] = _choice(LossAggregation, t["loss_aggregation"],
+                                    "train.loss_aggregation", problems)
     s = dict(c["spade"], skills=tuple(c["spade"]["skills"]))
     s["game_type"] = _choice(GameType, s["game_type"], "spade.game_type", problems)
     s["reward_variant"] = _choice(RewardVariant, s["reward_variant"], "spade.reward_variant",

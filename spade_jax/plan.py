@@ -5,11 +5,14 @@
 
 Nothing is allocated: the model is built with `nnx.eval_shape`, and each parameter's spec is
 fitted to an `AbstractMesh` of the configured (data, fsdp, tensor) shape exactly as on real
-devices, so per-device parameter, gradient and AdamW bytes follow the real shardings. The KV
-cache (sampler batch x context) and training activations (one micro-batch, under the remat
-policy) are computed from the shapes our decoder materialises. Sampling and training alternate
-on the same devices, so the peak is the larger of the two phases; both keep parameters and
-optimizer state resident.
+devices, so per-device parameter, gradient and AdamW bytes follow the real shardings. Master
+weights (param_dtype, float32), both Adam moments and the gradient sums are float32; the
+sampler keeps its own compute-dtype copy of the weights when that dtype differs, and KL
+(train.kl_coef > 0) a frozen compute-dtype reference copy. The KV cache (sampler batch x
+context, compute dtype) and training activations (one micro-batch, under the remat policy) are
+computed from the shapes our decoder materialises. Sampling and training alternate on the same
+devices, so the peak is the larger of the two phases; both keep the weights, their copies and
+the optimizer state resident.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class TrainShape:
     seq_len: int
     rollout_batch: int
     context_len: int
+    reference_copy: bool = False  # KL on: a frozen compute-dtype copy of the initial weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +79,21 @@ class MemoryPlan:
     kv_cache: int
     activations: int
     attention_scores: int
+    sampler_weights: int = 0  # the sampler's compute-dtype copy (0: it shares the masters)
+    reference_weights: int = 0  # KL's frozen reference copy
+
+    @property
+    def resident(self) -> int:
+        """What both phases hold: master weights, optimizer state and the weight copies."""
+        return self.parameters + self.optimizer + self.sampler_weights + self.reference_weights
 
     @property
     def sampling_peak(self) -> int:
-        return self.parameters + self.optimizer + self.kv_cache
+        return self.resident + self.kv_cache
 
     @property
     def training_peak(self) -> int:
-        return self.parameters + self.optimizer + self.gradients + self.activations
+        return self.resident + self.gradients + self.activations
 
     @property
     def peak(self) -> int:
@@ -148,10 +159,12 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
         n_params=n_params,
         parameters=local * param_bytes,
         optimizer=2 * local * 4,
-        gradients=local * param_bytes,
+        gradients=local * 4,
         kv_cache=kv,
         activations=activations,
         attention_scores=attention_scores,
+        sampler_weights=local * act_bytes if act_bytes != param_bytes else 0,
+        reference_weights=local * act_bytes if shape.reference_copy else 0,
     )
 
 
@@ -160,7 +173,7 @@ def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> in
     step = shape.mesh[0] * shape.mesh[1]
     one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
     per_step = one.kv_cache
-    free = hbm_bytes - one.parameters - one.optimizer
+    free = hbm_bytes - one.resident
     return max(0, free // per_step) * step if per_step else 0
 
 
@@ -178,16 +191,20 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
         "per device:",
         f"  parameters        {g(plan.parameters)}",
         f"  optimizer (AdamW) {g(plan.optimizer)}   2 moments in float32",
-        f"  gradients         {g(plan.gradients)}",
+        f"  sampler weights   {g(plan.sampler_weights)}   copy in {shape.compute_dtype} "
+        "(0: shares the master weights)",
+        f"  KL reference      {g(plan.reference_weights)}   frozen initial weights "
+        f"({'train.kl_coef > 0' if shape.reference_copy else 'KL off'})",
+        f"  gradients         {g(plan.gradients)}   float32 sums",
         f"  kv cache          {g(plan.kv_cache)}   {shape.rollout_batch} sequences x "
         f"{shape.context_len} tokens",
         f"  activations       {g(plan.activations)}   remat={shape.remat}, micro-batch "
         f"{shape.micro_batch} x {shape.seq_len} tokens{moe}",
         f"    of which attention scores {g(plan.attention_scores)} (materialised; a flash "
         "kernel would not store them)",
-        f"  sampling peak     {g(plan.sampling_peak)}   parameters + optimizer + kv cache",
-        f"  training peak     {g(plan.training_peak)}   parameters + optimizer + gradients + "
-        "activations",
+        f"  sampling peak     {g(plan.sampling_peak)}   weights and copies + optimizer + kv cache",
+        f"  training peak     {g(plan.training_peak)}   weights and copies + optimizer + "
+        "gradients + activations",
     ]
     verdict = "fits" if plan.peak <= hbm else "does NOT fit"
     lines.append(f"verdict: {verdict} ({plan.peak / GIB:.1f} of {hbm_gib:g} GiB per device)")
@@ -215,6 +232,7 @@ def plan_from_config(run, n_devices: int) -> tuple[ModelConfig, TrainShape]:
         seq_len=run.train.seq_len,
         rollout_batch=run.rollout_batch,
         context_len=run.sampling.max_context,
+        reference_copy=run.train.kl_coef > 0,
     )
     return run.model.arch, shape
 
@@ -234,14 +252,27 @@ def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
     """Refuse, at start-up, a cycle whose Agent plays cannot all be held by the sampler.
 
     Every play of a cycle (K without and K with hint, for each generated and replayed
-    environment) decodes in one batch on one KV cache; the plan's sampling peak for that batch
-    must fit in `bytes_per_device`, or the run would die out of memory in its first cycle.
+    environment) decodes in one batch on one KV cache; the plan's sampling peak for that batch,
+    next to the resident weights, their copies and the optimizer state, must fit in
+    `bytes_per_device`, or the run would die out of memory in its first cycle. When it is KL's
+    reference copy that tips it over, the refusal says so.
     """
     cfg, shape = plan_from_config(run, n_devices)
     shape = dataclasses.replace(shape, context_len=run.play_context)
     plan = memory_plan(cfg, shape)
     if plan.sampling_peak <= bytes_per_device:
         return
+    gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    if plan.sampling_peak - plan.reference_weights <= bytes_per_device:
+        raise ConfigError(
+            f"train.kl_coef={run.train.kl_coef} needs a frozen reference copy of the weights, "
+            f"{gib(plan.reference_weights)} per device in {shape.compute_dtype}, and there is "
+            f"no room for it: with it a device holds {gib(plan.sampling_peak)} while sampling "
+            f"(master weights {gib(plan.parameters)}, optimizer {gib(plan.optimizer)}, sampler "
+            f"copy {gib(plan.sampler_weights)}, KV cache {gib(plan.kv_cache)} for "
+            f"{shape.rollout_batch} conversations, reference {gib(plan.reference_weights)}) "
+            f"but has {gib(bytes_per_device)}. Set train.kl_coef=0, use more devices, or "
+            "sample fewer conversations at once (spade.plays_per_env, spade.games_per_cycle).")
     s = run.spade
     fits = max_rollout_batch(cfg, shape, bytes_per_device)
     raise ConfigError(
@@ -249,9 +280,9 @@ def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
         f"(without and with hint) x {s.games_per_cycle + s.replay_per_cycle} environments "
         f"(spade.games_per_cycle={s.games_per_cycle} + spade.replay_per_cycle="
         f"{s.replay_per_cycle}) = {shape.rollout_batch} conversations of up to "
-        f"{shape.context_len} tokens need {plan.kv_cache / GIB:.1f} GiB of KV cache per device "
-        f"plus {(plan.parameters + plan.optimizer) / GIB:.1f} GiB of parameters and optimizer "
-        f"state, but a device has {bytes_per_device / GIB:.1f} GiB. At most {fits} "
+        f"{shape.context_len} tokens need {gib(plan.kv_cache)} of KV cache per device "
+        f"plus {gib(plan.resident)} of parameters, their sampler / KL copies and optimizer "
+        f"state, but a device has {gib(bytes_per_device)}. At most {fits} "
         "conversations fit: lower spade.plays_per_env, spade.games_per_cycle or "
         "spade.replay_per_cycle, shorten conversations (spade.max_turns, "
         "sampling.agent_max_new_tokens, sampling.max_context), or use more devices.")

@@ -151,8 +151,8 @@ def train_batch(rows: int, seq_len: int) -> dict:
     import jax.numpy as jnp
 
     shape = (rows, seq_len)
-    dtypes = dict(tokens=jnp.int32, mask=jnp.bool_, loss_mask=jnp.bool_, old_logp=jnp.float32,
-                  advantages=jnp.float32)
+    dtypes = dict(tokens=jnp.int32, mask=jnp.bool_, loss_mask=jnp.bool_,
+                  behaviour_logp=jnp.float32, advantages=jnp.float32)
     return {k: jax.ShapeDtypeStruct(shape, d) for k, d in dtypes.items()}
 
 
@@ -196,10 +196,15 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     context = int(context or run_cfg.sampling.max_context)
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
 
-    step = TrainStep(model_cfg, optimizer, mesh, t, micro_batches=micro_batches)
-    sampler = Sampler(model, mesh=mesh, fuse_weights=False)
+    compute_dtype = run_cfg.model.compute_dtype
+    step = TrainStep(model_cfg, optimizer, mesh, t, micro_batches=micro_batches,
+                     compute_dtype=compute_dtype)
+    sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype=compute_dtype)
+    reference = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype,
+                                                             sharding=x.sharding), state.params)
+                 if t.kl_coef else None)
     lowerers = {
-        "train_step": lambda: step.lower(state, train_batch(rows, seq_len)),
+        "train_step": lambda: step.lower(state, train_batch(rows, seq_len), reference=reference),
         "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=512),
         "sampler.decode": lambda: sampler.lower("decode", rollout_batch, context),
     }
@@ -240,7 +245,8 @@ def lower_for_platform(run_cfg, n_devices: int, *, platform: str = "tpu", seq_le
     _, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = -(-train_config.micro_batch // dp) * dp * micro_batches
-    step = TrainStep(model_cfg, optimizer, mesh, train_config, micro_batches=micro_batches)
+    step = TrainStep(model_cfg, optimizer, mesh, train_config, micro_batches=micro_batches,
+                     compute_dtype=run_cfg.model.compute_dtype)
     lowered, seconds = _timed(lambda: step.lower(state, train_batch(rows, seq_len),
                                                  lowering_platforms=(platform,)))
     return ProgramReport(f"train_step[{platform}]", seconds), lowered.as_text()

@@ -7,6 +7,7 @@ import pytest
 
 from spade_jax.config import Mode, RunConfig, load_config_file, parse
 from spade_jax.errors import ConfigError
+from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat
 from spade_jax.spade.hints import HintMode
 from spade_jax.spade.memory import MemoryMode
@@ -79,13 +80,32 @@ def test_the_laptop_tool_use_config_is_the_laptop_config_with_tool_use():
 
 
 @pytest.mark.parametrize("key, choices", [
-    ("mode", Mode), ("train.remat", Remat), ("spade.game_type", GameType),
+    ("mode", Mode), ("train.remat", Remat), ("train.loss_aggregation", LossAggregation),
+    ("spade.game_type", GameType),
     ("spade.reward_variant", RewardVariant), ("spade.hint_mode", HintMode),
     ("memory.mode", MemoryMode)])
 def test_a_bad_enum_value_lists_the_choices(key, choices):
     [problem] = problems_of(tiny(**{key: "bogus"}))
     assert problem.startswith(f"{key}='bogus': use one of"), problem
     assert all(repr(choice.value) in problem for choice in choices), problem
+
+
+def test_training_defaults_are_the_reference_recipes():
+    """Slime's --use-tis with its --tis-clip default 2.0, KL off (30B / 4B games), per-sample
+    token means summed over the global batch (Slime's default reducer)."""
+    train = parse(load_config_file("tiny")).train
+    assert (train.tis_cap, train.kl_coef) == (2.0, 0.0)
+    assert train.loss_aggregation is LossAggregation.SAMPLE_MEAN
+
+
+def test_bf16_master_weights_are_refused_with_the_fix():
+    found = problems_of(tiny(**{"model.param_dtype": "bfloat16", "model.compute_dtype": "fp8"}))
+    assert found[0].startswith("model.param_dtype='bfloat16': the master weights must be "
+                               "'float32'") and "compute_dtype='bfloat16'" in found[0]
+    assert found[1] == "model.compute_dtype='fp8': use one of ('float32', 'bfloat16')"
+    for name in ("30b", "4b", "8b", "32b_dense"):
+        model = parse(load_config_file(name)).model
+        assert (model.param_dtype, model.compute_dtype) == ("float32", "bfloat16"), name
 
 
 def test_a_non_numeric_architecture_field_is_a_problem_not_a_crash():

@@ -83,13 +83,16 @@ class Transformer(nnx.Module):
         """Run the decoder on `tokens` [B, T] at rotary `positions` [B, T] (the training path).
 
         Attention is causal over the T tokens and `kv_mask` [B, T] marks real (non-padding)
-        tokens. `remat=True` recomputes each layer's activations in the backward pass
-        (jax.checkpoint on the scanned block): less memory for training, about a third more
-        compute. Returns hidden states [B, T, D] after the final norm. Cached decoding is
-        `unrolled_forward` (the sampler's path).
+        tokens. Matmuls run in `compute_dtype` (None: the weights' dtype), each layer's weights
+        cast on the fly, so float32 master weights train with bf16 compute; norms, rotary,
+        softmax (layers.py) and the caller's logits stay float32. `remat=True` recomputes each
+        layer's activations in the backward pass (jax.checkpoint on the scanned block): less
+        memory for training, about a third more compute. Returns hidden states [B, T, D] after
+        the final norm. Cached decoding is `unrolled_forward` (the sampler's path).
         """
         cfg = self.cfg
-        dtype = compute_dtype or self.embed.dtype
+        # `is None`, not `or`: a numpy dtype is falsy (it has no fields)
+        dtype = self.embed.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
         x = jnp.take(self.embed[...], tokens, axis=0).astype(dtype)
         mask = SlotMask(kv_mask, 0)
 

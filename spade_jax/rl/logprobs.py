@@ -50,15 +50,18 @@ def token_logprobs(
     *,
     chunk_size: int = 256,
     remat: bool = False,
+    compute_dtype=None,
 ) -> jax.Array:
     """logp [B, T] with logp[:, t] = log p(tokens[:, t] | tokens[:, :t]) and logp[:, 0] = 0.
 
-    `mask` [B, T] marks real tokens (left or right padding); float32 throughout the softmax.
+    `mask` [B, T] marks real tokens (left or right padding). The decoder runs in
+    `compute_dtype` (None: the weights' dtype); logits and softmax are float32 whatever it is.
     This alignment is the one `Session.training_arrays` uses for old_logp.
     """
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
-    hidden = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat)
+    hidden = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat,
+                   compute_dtype=compute_dtype)
     weight, vocab_major = model.output_projection()
     logp = chunked_target_logprobs(hidden[:, :-1], weight, tokens[:, 1:], chunk_size,
                                    vocab_major=vocab_major)

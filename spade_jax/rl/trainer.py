@@ -2,16 +2,24 @@
 
     optimizer = make_optimizer(TrainConfig(learning_rate=1e-6))
     state = init_train_state(model, optimizer, mesh)
-    step = TrainStep(model.cfg, optimizer, mesh, TrainConfig(), micro_batches=2)
+    step = TrainStep(model.cfg, optimizer, mesh, TrainConfig(), micro_batches=2,
+                     compute_dtype=jnp.bfloat16)
     state, metrics = step(state, batch)      # state is donated
     step.lower(abstract_state, abstract_batch).compile()   # AOT, e.g. spade_jax.readiness
 
-batch: tokens [B, T] int32, loss_mask [B, T], advantages [B] or [B, T], old_logp [B, T],
-optionally mask [B, T] (real tokens; default all), behaviour_logp (with tis_cap) and ref_logp
-(with kl_coef). B must divide into `micro_batches` (a count; `TrainConfig.micro_batch` is
-sequences per micro-batch) and each micro-batch over the data axes.
-Micro-batches run in a `lax.scan`; their (loss sum, token count) and gradient sums are added
-and divided once, so k micro-batches give the same update as one batch.
+batch: tokens [B, T] int32, loss_mask [B, T], advantages [B] or [B, T], optionally mask [B, T]
+(real tokens; default all) and behaviour_logp [B, T] (the sampler's log-probs, for TIS).
+B must divide into `micro_batches` (a count; `TrainConfig.micro_batch` is sequences per
+micro-batch) and each micro-batch over the data axes.
+
+Precision: the master weights, both Adam moments and the gradient sums are float32; the
+forward runs in `compute_dtype` (bf16 matmuls, float32 norms, softmax, logits and loss).
+PPO's old_logp is the training forward's own log-prob under stop_gradient: the reference takes
+one optimizer step per rollout, so the policy that the ratio compares against is the current
+one (ratio exactly 1); the sampler's log-probs only enter through the TIS weight.
+With `reference` weights (KL on) their log-probs come from a second, gradient-free forward.
+Micro-batches run in a `lax.scan`; their loss numerators, token and sample counts and gradient
+sums are added and divided once, so k micro-batches give the same update as one batch.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.logprobs import token_logprobs
-from spade_jax.rl.losses import ppo_clip_loss
+from spade_jax.rl.losses import LossAggregation, ppo_clip_loss
 from spade_jax.sharding import param_shardings, traced_in_mesh
 
 _BATCH_AXES = ("data", "fsdp")
@@ -49,7 +57,9 @@ class Remat(enum.StrEnum):
 class TrainConfig:
     """Optimiser, loss and batch settings, the run config's `train` block (docs/DESIGN.md §4.7).
 
-    `tis_cap` None turns importance-weight truncation off (0 in a config file).
+    `tis_cap` None turns importance-weight truncation off (0 in a config file); 2.0 is Slime's
+    `--tis-clip` default, which the reference's recipes use with `--use-tis`.
+    `kl_coef` > 0 adds the low-variance KL to a frozen copy of the initial weights.
     """
 
     learning_rate: float = 1e-6
@@ -59,8 +69,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28
-    tis_cap: float | None = None
+    tis_cap: float | None = 2.0
     kl_coef: float = 0.0
+    loss_aggregation: LossAggregation = LossAggregation.SAMPLE_MEAN
     logprob_chunk: int = 256
     remat: Remat = Remat.NONE
     micro_batch: int = 8  # sequences per micro-batch (gradient accumulation is exact)
@@ -71,6 +82,14 @@ class TrainConfig:
         out = []
         if self.remat is not None and self.remat not in tuple(Remat):  # None: parse refused it
             out.append(f"remat={self.remat!r}: use one of {tuple(Remat)}")
+        if (self.loss_aggregation is not None
+                and self.loss_aggregation not in tuple(LossAggregation)):
+            out.append(f"loss_aggregation={self.loss_aggregation!r}: use one of "
+                       f"{tuple(m.value for m in LossAggregation)}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            out.append(f"tis_cap={self.tis_cap} must be > 0 (or 0 in a config file: TIS off)")
+        if self.kl_coef < 0:
+            out.append(f"kl_coef={self.kl_coef} must be >= 0")
         for key in ("micro_batch", "seq_len", "logprob_chunk"):
             if getattr(self, key) < 1:
                 out.append(f"{key}={getattr(self, key)} must be >= 1")
@@ -89,11 +108,16 @@ class TrainState:
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW (weight decay on every parameter)."""
+    """Global-norm clipping then AdamW (weight decay on every parameter).
+
+    The first moment is float32 whatever the weights (`mu_dtype`); the second follows the
+    weights, which `init_train_state` requires to be float32 masters: at lr 1e-6 a bf16 weight
+    (8 mantissa bits) would round most updates away.
+    """
     return optax.chain(
         optax.clip_by_global_norm(config.grad_clip),
         optax.adamw(config.learning_rate, b1=config.b1, b2=config.b2,
-                     weight_decay=config.weight_decay),
+                    weight_decay=config.weight_decay, mu_dtype=jnp.float32),
     )
 
 
@@ -117,48 +141,81 @@ def state_shardings(model_cfg: ModelConfig, optimizer, mesh: Mesh) -> TrainState
 
 
 def init_train_state(model: Transformer, optimizer, mesh: Mesh) -> TrainState:
-    """A TrainState for `model`'s weights, placed on `mesh`."""
+    """A TrainState for `model`'s weights, placed on `mesh`; the weights must be float32
+    (the master copy: bf16 weights do not move at the reference's lr 1e-6)."""
+    low = sorted({str(a.dtype) for a in jax.tree.leaves(nnx.state(model))
+                  if jnp.issubdtype(a.dtype, jnp.floating) and a.dtype != jnp.float32})
+    if low:
+        raise ValueError(f"training needs float32 master weights but the model holds {low}; "
+                         "build or load it with param_dtype=float32 (model.compute_dtype sets "
+                         "the dtype of the matmuls)")
     shardings = state_shardings(model.cfg, optimizer, mesh)
     params = jax.device_put(nnx.state(model), shardings.params)
     init = jax.jit(optimizer.init, out_shardings=shardings.opt_state)
     return TrainState(params, init(params), jax.device_put(jnp.int32(0), shardings.step))
 
 
-def _micro_loss(graphdef, config: TrainConfig, params, micro):
-    model = nnx.merge(graphdef, params)
-    logp = token_logprobs(model, micro["tokens"], micro.get("mask"),
-                          chunk_size=config.logprob_chunk,
-                          remat=Remat(config.remat).recompute_layers)
-    loss_sum, count, metrics = ppo_clip_loss(
-        logp, micro["old_logp"], micro["advantages"], micro["loss_mask"],
+def compute_copy(params: nnx.State, dtype, shardings=None) -> nnx.State:
+    """A separate copy of `params` with floating leaves in `dtype` (e.g. the frozen KL
+    reference): never the same buffers, so donating `params` later cannot delete it."""
+    dtype = jnp.dtype(dtype)
+
+    def copy(a):
+        a = jnp.copy(a)  # a new buffer even where the dtype already matches
+        return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+    return jax.jit(lambda p: jax.tree.map(copy, p), out_shardings=shardings)(params)
+
+
+def _micro_loss(graphdef, config: TrainConfig, compute_dtype, params, micro, reference):
+    """(loss numerator, (sums)) of one micro-batch; see the module docstring."""
+    def logprobs(weights):
+        return token_logprobs(nnx.merge(graphdef, weights), micro["tokens"], micro.get("mask"),
+                              chunk_size=config.logprob_chunk,
+                              remat=Remat(config.remat).recompute_layers,
+                              compute_dtype=compute_dtype)
+
+    logp = logprobs(params)
+    ref_logp = None if reference is None else jax.lax.stop_gradient(logprobs(reference))
+    loss, sums = ppo_clip_loss(
+        logp, jax.lax.stop_gradient(logp), micro["advantages"], micro["loss_mask"],
         clip_low=config.clip_low, clip_high=config.clip_high,
         behaviour_logp=micro.get("behaviour_logp"), tis_cap=config.tis_cap,
-        ref_logp=micro.get("ref_logp"), kl_coef=config.kl_coef,
+        ref_logp=ref_logp, kl_coef=config.kl_coef,
+        aggregation=LossAggregation(config.loss_aggregation),
     )
-    return loss_sum, (count, metrics)
+    return loss, sums
 
 
 class TrainStep:
     """The jitted `step(state, batch) -> (state, metrics)` with explicit shardings; donates state.
 
-    `step` and `step.lower` split the batch into `micro_batches` micro-batches.
+    `step` and `step.lower` split the batch into `micro_batches` micro-batches; the forward
+    runs in `compute_dtype`. `reference` (every call's keyword): the frozen KL reference
+    weights (`compute_copy` of the initial ones), needed when `config.kl_coef` > 0.
 
-    metrics: loss (token-mean), tokens, clip_fraction, ratio, approx_kl (token means),
-    grad_norm (before clipping). `grouped(state, [(batch, micro_batches), ...])` is one
-    optimizer step over several batches of different lengths (RL batches mix 4k-token Designer
-    samples with short Agent episodes: each group is padded to its own length, not the
-    longest), with the same exact (sum, count) accumulation.
+    metrics: loss (as aggregated), tokens, samples, grad_norm (before clipping), and token means
+    of clip_fraction, ratio, approx_kl (exactly 0, 1 and 0 while old_logp is the step's own
+    forward), tis_weight and tis_clip_fraction (share of tokens whose importance ratio exceeded
+    tis_cap), kl. `grouped(state, [(batch, micro_batches), ...])` is
+    one optimizer step over several batches of different lengths (RL batches mix 4k-token
+    Designer samples with short Agent episodes: each group is padded to its own length, not
+    the longest), with the same exact accumulation.
 
-    `skipped_tokens`: generated tokens of samples left out of the batch because their
-    advantage is 0. With no KL term their loss and gradient are exactly 0, so leaving them out
-    changes nothing but the work, provided they still count in the token-mean's denominator
-    (loss, gradient). The ratio / clip / KL metrics are means over the tokens computed.
+    `skipped_tokens` / `skipped_samples`: generated tokens and samples left out of the batch
+    because their advantage is 0. With no KL term their loss and gradient are exactly 0, so
+    leaving them out changes nothing but the work, provided they still count in the
+    denominator (tokens for token_mean, samples for sample_mean). The per-token metrics are
+    means over the tokens computed.
     """
 
     def __init__(self, model_cfg: ModelConfig, optimizer, mesh: Mesh,
-                 config: TrainConfig = TrainConfig(), micro_batches: int = 1):
+                 config: TrainConfig = TrainConfig(), micro_batches: int = 1,
+                 compute_dtype=jnp.float32):
         self.config = config
+        self.aggregation = LossAggregation(config.loss_aggregation)
         self.micro_batches = micro_batches
+        self.compute_dtype = jnp.dtype(compute_dtype)
         self.optimizer = optimizer
         self.mesh = mesh
         self.graphdef, _ = _abstract_split(model_cfg)
@@ -169,14 +226,15 @@ class TrainStep:
         self._apply_sums = jax.jit(self._apply, donate_argnums=(0,),
                                    out_shardings=(self.shardings, self.replicated))
 
-    def _loss(self, params, micro):
-        return traced_in_mesh(_micro_loss, self.mesh)(self.graphdef, self.config, params, micro)
+    def _loss(self, params, micro, reference):
+        return traced_in_mesh(_micro_loss, self.mesh)(
+            self.graphdef, self.config, self.compute_dtype, params, micro, reference)
 
     def _batch_sharding(self, a) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
 
-    def _gradient_sums(self, params, batch: dict, m: int):
-        """(grad sums, loss sum, token count, metric sums) over `m` micro-batches of `batch`."""
+    def _gradient_sums(self, params, reference, batch: dict, m: int):
+        """(float32 grad sums, loss numerator, count and metric sums) over `m` micro-batches."""
         micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES))
         micro = jax.tree.map(
             lambda a: jax.lax.with_sharding_constraint(
@@ -184,51 +242,60 @@ class TrainStep:
                 NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES, *[None] * (a.ndim - 1)))
                 if a.ndim > 1 else micro_sharding),
             batch)
+        grad_of = jax.value_and_grad(self._loss, has_aux=True)
 
         def accumulate(carry, mb):
-            grads, loss_sum, count, metrics = carry
-            (value, (n, mets)), g = jax.value_and_grad(self._loss, has_aux=True)(params, mb)
-            grads = jax.tree.map(jnp.add, grads, g)
-            metrics = jax.tree.map(jnp.add, metrics, mets)
-            return (grads, loss_sum + value, count + n, metrics), None
+            grads, loss, sums = carry
+            (value, mb_sums), g = grad_of(params, mb, reference)
+            grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+            return (grads, loss + value, jax.tree.map(jnp.add, sums, mb_sums)), None
 
-        zero_grads = jax.tree.map(jnp.zeros_like, params)
-        _, (_, zero_metrics) = jax.eval_shape(self._loss, params,
-                                              jax.tree.map(lambda a: a[0], micro))
-        zero_metrics = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero_metrics)
-        init = (zero_grads, jnp.float32(0), jnp.float32(0), zero_metrics)
-        sums, _ = jax.lax.scan(accumulate, init, micro)
-        return sums
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        _, zero_sums = jax.eval_shape(self._loss, params, jax.tree.map(lambda a: a[0], micro),
+                                      reference)
+        zero_sums = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero_sums)
+        acc, _ = jax.lax.scan(accumulate, (zero_grads, jnp.float32(0), zero_sums), micro)
+        return acc
 
-    def _apply(self, state: TrainState, sums, skipped_tokens):
+    def _apply(self, state: TrainState, acc, skipped):
         """Divide the sums once and take the optimizer step."""
-        grads, loss_sum, count, metrics = sums
-        denom = jnp.maximum(count + skipped_tokens, 1.0)
+        grads, loss, sums = acc
+        tokens = sums["tokens"] + skipped["tokens"]
+        samples = sums["samples"] + skipped["samples"]
+        denom = jnp.maximum(self.aggregation.denominator(tokens, samples), 1.0)
         grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        out = {k: v / jnp.maximum(count, 1.0) for k, v in metrics.items()}
-        out.update(loss=loss_sum / denom, tokens=count + skipped_tokens,
-                   skipped_tokens=skipped_tokens, grad_norm=optax.global_norm(grads))
+        out = {k: v / jnp.maximum(sums["tokens"], 1.0) for k, v in sums.items()
+               if k not in ("tokens", "samples")}
+        out.update(loss=loss / denom, tokens=tokens, samples=samples,
+                   skipped_tokens=skipped["tokens"], skipped_samples=skipped["samples"],
+                   grad_norm=optax.global_norm(grads))
         return TrainState(params, opt_state, state.step + 1), out
 
-    def _jitted_for(self, kind: str, batch: dict, m: int):
+    def _jitted_for(self, kind: str, batch: dict, m: int, reference):
         """The compiled 'step' (gradients and update) or 'grads' (sums only) for this shape."""
-        key = (kind, m, tuple(sorted((k, v.shape, str(v.dtype)) for k, v in batch.items())))
+        has_ref = reference is not None
+        if self.config.kl_coef and not has_ref:
+            raise ValueError(f"train.kl_coef={self.config.kl_coef} needs the frozen reference "
+                             "weights: pass reference=compute_copy(initial params, dtype)")
+        key = (kind, m, has_ref,
+               tuple(sorted((k, v.shape, str(v.dtype)) for k, v in batch.items())))
         if key not in self._jitted:
             in_batch = {k: self._batch_sharding(v) for k, v in batch.items()}
             rep = self.replicated
+            ref_sh = self.shardings.params if has_ref else None
             if kind == "step":
                 self._jitted[key] = jax.jit(
-                    lambda state, b, skipped: self._apply(
-                        state, self._gradient_sums(state.params, b, m), skipped),
-                    in_shardings=(self.shardings, in_batch, rep),
+                    lambda state, ref, b, skipped: self._apply(
+                        state, self._gradient_sums(state.params, ref, b, m), skipped),
+                    in_shardings=(self.shardings, ref_sh, in_batch, rep),
                     out_shardings=(self.shardings, rep), donate_argnums=(0,))
             else:
                 self._jitted[key] = jax.jit(
-                    lambda params, b: self._gradient_sums(params, b, m),
-                    in_shardings=(self.shardings.params, in_batch),
-                    out_shardings=(self.shardings.params, rep, rep, rep))
+                    lambda params, ref, b: self._gradient_sums(params, ref, b, m),
+                    in_shardings=(self.shardings.params, ref_sh, in_batch),
+                    out_shardings=(self.shardings.params, rep, rep))
         return self._jitted[key]
 
     def _to_device(self, batch: dict) -> dict:
@@ -236,31 +303,38 @@ class TrainStep:
         also builds global arrays from identical host data in a multi-process run."""
         return {k: jax.device_put(v, self._batch_sharding(v)) for k, v in batch.items()}
 
-    def __call__(self, state: TrainState, batch: dict):
-        batch = self._to_device(batch)
-        return self._jitted_for("step", batch, self.micro_batches)(
-            state, batch, jnp.float32(0))
+    @staticmethod
+    def _skipped(tokens, samples) -> dict:
+        return {"tokens": jnp.float32(tokens), "samples": jnp.float32(samples)}
 
-    def grouped(self, state: TrainState, groups: list[tuple[dict, int]], skipped_tokens: int = 0):
+    def __call__(self, state: TrainState, batch: dict, *, reference=None):
+        batch = self._to_device(batch)
+        return self._jitted_for("step", batch, self.micro_batches, reference)(
+            state, reference, batch, self._skipped(0, 0))
+
+    def grouped(self, state: TrainState, groups: list[tuple[dict, int]], skipped_tokens: int = 0,
+                skipped_samples: int = 0, *, reference=None):
         """One optimizer step over (batch, micro_batches) groups of different shapes."""
         if not groups:
             raise ValueError("grouped train step needs at least one batch")
         groups = [(self._to_device(b), m) for b, m in groups]
-        skipped = jnp.float32(skipped_tokens)
+        skipped = self._skipped(skipped_tokens, skipped_samples)
         if len(groups) == 1:
             batch, m = groups[0]
-            return self._jitted_for("step", batch, m)(state, batch, skipped)
-        sums = None
+            return self._jitted_for("step", batch, m, reference)(state, reference, batch,
+                                                                 skipped)
+        acc = None
         for batch, m in groups:
-            part = self._jitted_for("grads", batch, m)(state.params, batch)
-            sums = part if sums is None else self._add_sums(sums, part)
-        return self._apply_sums(state, sums, skipped)
+            part = self._jitted_for("grads", batch, m, reference)(state.params, reference, batch)
+            acc = part if acc is None else self._add_sums(acc, part)
+        return self._apply_sums(state, acc, skipped)
 
-    def lower(self, state: TrainState, batch: dict, **lower_kwargs):
+    def lower(self, state: TrainState, batch: dict, *, reference=None, **lower_kwargs):
         """`jax.jit(...).lower` of the step for abstract (ShapeDtypeStruct) state and batch.
 
         `lower_kwargs` go to `Traced.lower`, e.g. lowering_platforms=('tpu',) on an AbstractMesh.
         """
-        skipped = jax.ShapeDtypeStruct((), jnp.float32)
-        return self._jitted_for("step", batch, self.micro_batches).trace(
-            state, batch, skipped).lower(**lower_kwargs)
+        skipped = jax.tree.map(lambda _: jax.ShapeDtypeStruct((), jnp.float32),
+                               self._skipped(0, 0))
+        return self._jitted_for("step", batch, self.micro_batches, reference).trace(
+            state, reference, batch, skipped).lower(**lower_kwargs)

@@ -204,14 +204,19 @@ class Sampler:
     """Owns the compiled extend/decode programs for one model on one mesh.
 
     `set_params(state)` swaps in new weights (e.g. after a train step) without recompiling.
+    `compute_dtype` (None: the weights' own): the sampler decodes from its own copy of the
+    weights in this dtype, and its KV cache has this dtype too (float32 master weights, bf16
+    sampling).
     `fuse_weights` (default: on for CPU) keeps `fused_decode_weights`, a copy of the weights
     with q/k/v and gate/up concatenated and the output projection as [D, vocab] — faster decode
     on CPU at the cost of a second copy of the weights.
     """
 
     def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
-                 max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None):
+                 max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None,
+                 compute_dtype=None):
         self.cfg = model.cfg
+        self.compute_dtype = None if compute_dtype is None else jnp.dtype(compute_dtype)
         self.mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
         self.max_top_k = max_top_k
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
@@ -221,6 +226,9 @@ class Sampler:
             lambda s: fused_decode_weights(nnx.merge(self.graphdef, s)),
             in_shardings=(self._state_shardings,),
         )
+        self._cast = jax.jit(lambda s: jax.tree.map(lambda a: a.astype(self._dtype_for(a)), s),
+                             in_shardings=(self._state_shardings,),
+                             out_shardings=self._state_shardings)
         self._jitted: dict = {}
         self._source: list | None = None  # the arrays last passed to set_params (immutable)
         self.set_params(state)
@@ -231,8 +239,15 @@ class Sampler:
         batch_axes, _ = kv_cache_axes(self.cfg.n_kv_heads, self.mesh.shape)
         return int(np.prod([self.mesh.shape[a] for a in batch_axes]))
 
+    def _dtype_for(self, a):
+        """The dtype the sampler keeps weight `a` (array or ShapeDtypeStruct) in."""
+        if self.compute_dtype is None or not jnp.issubdtype(a.dtype, jnp.floating):
+            return a.dtype
+        return self.compute_dtype
+
     def set_params(self, state: nnx.State) -> None:
-        """Use these weights from now on (same structure as the model's state).
+        """Use these weights, cast to `compute_dtype`, from now on (same structure as the
+        model's state).
 
         Abstract weights (a model built with `nnx.eval_shape`) give a sampler that can only
         `lower` its programs: ahead-of-time checks of a model too large for this machine.
@@ -248,11 +263,14 @@ class Sampler:
             if self.fuse_weights:
                 raise ValueError("abstract weights need fuse_weights=False (the TPU/GPU layout)")
             self.state = jax.tree.map(
-                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, self._dtype_for(x),
+                                                   sharding=sh),
                 state, self._state_shardings)
             self.fused_weights = None
             return
         self.state = jax.device_put(state, self._state_shardings)
+        if any(self._dtype_for(a) != a.dtype for a in leaves):
+            self.state = self._cast(self.state)  # the sampler's own copy
         self.fused_weights = self._prepare(self.state) if self.fuse_weights else None
 
     def compile_count(self) -> int:

@@ -16,10 +16,12 @@ All knobs are traced scalars, so changing them never recompiles:
   (it depends on the whole batch) never changes a row's token.
 
 Two log-probabilities come back for each chosen token:
-- `policy_logp`: log-softmax of the raw logits (temperature 1, no truncation). This is what the
-  train step recomputes, so it is the PPO `old_logp` (ratios are 1 before any update).
+- `policy_logp`: log-softmax of the raw logits (temperature 1, no truncation), the quantity the
+  train step's forward computes (as the reference's Slime with --rollout-temperature 1). It is
+  the `behaviour_logp` of the train step's TIS weight exp(train logp - behaviour_logp), which
+  corrects for sampler/trainer numerics (bf16 copy, KV cache) and for stale samples.
 - `sampling_logp`: log-probability under the distribution actually sampled from (temperature,
-  top-k, top-p applied; 0 for greedy). It is the behaviour policy for importance weighting.
+  top-k, top-p applied; 0 for greedy).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Training samples of both roles and their assembly into one padded policy-gradient batch.
 
 A sample is one token sequence (prompt + everything after it) with a mask over the tokens the
-policy generated, the log-probabilities the sampler recorded for them, and one scalar advantage
-broadcast to every generated token. Designer samples go first in the batch, so that trimming a
-batch to its size never drops every Designer sample (the reference's ordering).
+policy generated, the log-probabilities the sampler recorded for them (the behaviour policy of
+the train step's TIS weight; PPO's old_logp comes from the train step's own forward), and one
+scalar advantage broadcast to every generated token. Designer samples go first in the batch,
+so that trimming a batch to its size never drops every Designer sample (the reference's
+ordering).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ class Role(enum.StrEnum):
 
 @dataclasses.dataclass
 class TrainSample:
-    """One sequence to train on. `loss_mask[i]` marks generated tokens; `old_logp` aligns."""
+    """One sequence to train on. `loss_mask[i]` marks generated tokens; `behaviour_logp`
+    aligns: the sampler's raw (temperature 1) log-prob of each generated token."""
 
     tokens: np.ndarray  # int32 [n]
     loss_mask: np.ndarray  # bool [n]
-    old_logp: np.ndarray  # float32 [n], 0 where loss_mask is False
+    behaviour_logp: np.ndarray  # float32 [n], 0 where loss_mask is False
     advantage: float
     role: Role  # a Role's value is accepted too (e.g. read back from a checkpoint)
     weight: float = 1.0  # e.g. replay priority weight of an Agent sample
@@ -37,22 +40,25 @@ class TrainSample:
             raise ValueError(f"role {self.role!r} is not one of {tuple(r.value for r in Role)}")
         self.role = Role(self.role)
         n = len(self.tokens)
-        if len(self.loss_mask) != n or len(self.old_logp) != n:
+        if len(self.loss_mask) != n or len(self.behaviour_logp) != n:
             raise ValueError(
-                f"tokens ({n}), loss_mask ({len(self.loss_mask)}) and old_logp "
-                f"({len(self.old_logp)}) must have the same length"
+                f"tokens ({n}), loss_mask ({len(self.loss_mask)}) and behaviour_logp "
+                f"({len(self.behaviour_logp)}) must have the same length"
             )
 
     def to_json(self) -> dict:
         """Plain JSON (for checkpoints of delayed Designer samples)."""
         return {"tokens": self.tokens.tolist(), "loss_mask": self.loss_mask.tolist(),
-                "old_logp": self.old_logp.tolist(), "advantage": self.advantage,
+                "behaviour_logp": self.behaviour_logp.tolist(), "advantage": self.advantage,
                 "role": self.role, "weight": self.weight}
 
     @classmethod
     def from_json(cls, data: dict) -> TrainSample:
+        """The inverse of `to_json`; also reads checkpoints written before the sampler's
+        log-probs were renamed from old_logp to behaviour_logp."""
+        logp = data["behaviour_logp"] if "behaviour_logp" in data else data["old_logp"]
         return cls(np.asarray(data["tokens"], np.int32), np.asarray(data["loss_mask"], bool),
-                   np.asarray(data["old_logp"], np.float32), float(data["advantage"]),
+                   np.asarray(logp, np.float32), float(data["advantage"]),
                    data["role"], float(data["weight"]))
 
 
@@ -68,21 +74,23 @@ def order_for_training(
 
 def drop_zero_advantage(
     samples: list[TrainSample], max_len: int | None = None
-) -> tuple[list[TrainSample], int]:
-    """Samples worth computing, and the generated tokens of those that are not.
+) -> tuple[list[TrainSample], int, int]:
+    """(samples worth computing, generated tokens and samples of those that are not).
 
     A sample whose advantage (times its weight) is 0 has exactly zero PPO loss and gradient
-    when there is no KL term; it only has to count in the token mean (the train step's
-    `skipped_tokens`, over its first `max_len` tokens as trained). One sample is always kept so
+    when there is no KL term; it only has to count in the loss's denominator (the train step's
+    `skipped_tokens`, over its first `max_len` tokens as trained, and `skipped_samples`: those
+    with a generated token there). One sample is always kept so
     the step has a batch (the optimizer step still runs: AdamW's moments and weight decay move
     on zero gradients too).
     """
     keep = [s.advantage * s.weight != 0 for s in samples]
     if samples and not any(keep):
         keep[min(range(len(samples)), key=lambda i: len(samples[i].tokens))] = True
-    skipped = sum(int(s.loss_mask[:max_len].sum())
-                  for s, kept in zip(samples, keep, strict=True) if not kept)
-    return [s for s, kept in zip(samples, keep, strict=True) if kept], skipped
+    dropped = [s for s, kept in zip(samples, keep, strict=True) if not kept]
+    return ([s for s, kept in zip(samples, keep, strict=True) if kept],
+            sum(int(s.loss_mask[:max_len].sum()) for s in dropped),
+            sum(bool(s.loss_mask[:max_len].any()) for s in dropped))
 
 
 def bucket_length(n: int, minimum: int = 64) -> int:
@@ -112,9 +120,9 @@ def assemble_batch(
 ) -> dict[str, np.ndarray]:
     """Right-pad samples into arrays for the train step.
 
-    Returns tokens [B, T] int32, mask [B, T] (real tokens), loss_mask [B, T], old_logp [B, T],
-    advantages [B, T] (the sample's advantage times its weight on generated tokens) and
-    is_designer [B]. B is padded up to a multiple of `rows_multiple` (the data-parallel size)
+    Returns tokens [B, T] int32, mask [B, T] (real tokens), loss_mask [B, T], behaviour_logp
+    [B, T], advantages [B, T] (the sample's advantage times its weight on generated tokens)
+    and is_designer [B]. B is padded up to a multiple of `rows_multiple` (the data-parallel size)
     with all-masked rows; T is bucketed. Sequences longer than `max_len` keep their first
     `max_len` tokens.
     """
@@ -131,7 +139,7 @@ def assemble_batch(
         "tokens": np.full((rows, length), pad_id, np.int32),
         "mask": np.zeros((rows, length), bool),
         "loss_mask": np.zeros((rows, length), bool),
-        "old_logp": np.zeros((rows, length), np.float32),
+        "behaviour_logp": np.zeros((rows, length), np.float32),
         "advantages": np.zeros((rows, length), np.float32),
         "is_designer": np.zeros((rows,), bool),
     }
@@ -140,7 +148,8 @@ def assemble_batch(
         batch["tokens"][row, :n] = sample.tokens[:n]
         batch["mask"][row, :n] = True
         batch["loss_mask"][row, :n] = sample.loss_mask[:n]
-        batch["old_logp"][row, :n] = np.where(sample.loss_mask[:n], sample.old_logp[:n], 0.0)
+        batch["behaviour_logp"][row, :n] = np.where(sample.loss_mask[:n],
+                                                    sample.behaviour_logp[:n], 0.0)
         batch["advantages"][row, :n] = np.where(
             sample.loss_mask[:n], sample.advantage * sample.weight, 0.0
         )

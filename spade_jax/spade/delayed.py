@@ -7,8 +7,9 @@ memory may replay it), and every no-hint return is collected in the sample's
 as the reference's `recompute_delayed_env_rewards_*` does: the win rate is the mean over every
 window play; the regret keeps matched timing (hint plays against the no-hint plays of the regen
 cycle) unless `spade.matched_timing` is off (the reference `regret` variant's window mean).
-The sample keeps its rollout log-probs as `old_logp`, so its PPO ratio is the clipped
-importance weight against the policy that wrote it.
+The sample keeps its rollout log-probs as `behaviour_logp`: when it is trained, its TIS weight
+min(exp(train logp - behaviour_logp), train.tis_cap) corrects for the d updates since the
+policy wrote it (the reference's `spade_delayed_tis`).
 """
 
 from __future__ import annotations

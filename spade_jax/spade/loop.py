@@ -113,7 +113,8 @@ def designer_sample(rt, attempt: DesignAttempt, advantage: float) -> TrainSample
 
 
 def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> TrainSample:
-    return TrainSample(episode.tokens, episode.loss_mask, episode.old_logp, float(advantage),
+    return TrainSample(episode.tokens, episode.loss_mask, episode.behaviour_logp,
+                       float(advantage),
                        Role.AGENT, weight)
 
 

@@ -62,7 +62,7 @@ class Episode:
     spec: EpisodeSpec
     tokens: np.ndarray
     loss_mask: np.ndarray
-    old_logp: np.ndarray
+    behaviour_logp: np.ndarray  # the sampler's raw log-probs (TurnOutput.logprobs)
     rewards: list[float]
     terminated: bool
     status: EpisodeStatus
@@ -230,7 +230,7 @@ def play_episodes(
     return [
         Episode(spec=specs[i], tokens=np.asarray(session.sequences[i], np.int32),
                 loss_mask=np.asarray(session.loss_masks[i], bool),
-                old_logp=np.asarray(session.logprobs[i], np.float32),
+                behaviour_logp=np.asarray(session.logprobs[i], np.float32),
                 rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
                 turns=turns[i], generated_tokens=generated[i], hint=starts[i].hint,
                 hint_status=starts[i].hint_status)

@@ -23,7 +23,7 @@ from spade_jax.envs import EnvPool, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
-from spade_jax.rl.trainer import TrainStep, init_train_state, make_optimizer
+from spade_jax.rl.trainer import TrainStep, compute_copy, init_train_state, make_optimizer
 from spade_jax.sampling.generate import Completion
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
@@ -76,10 +76,18 @@ class Runtime:
         self.game_type = run.spade.game_type
         self.seed_envs = list_seed_envs(tool_use=self.game_type.is_tool_use)
         self.train_config = run.train
+        compute_dtype = jnp.dtype(run.model.compute_dtype)
         self.optimizer = make_optimizer(self.train_config)
         self.train_state = init_train_state(model, self.optimizer, mesh)
-        self.train_step = TrainStep(model.cfg, self.optimizer, mesh, self.train_config)
-        self.sampler = Sampler(model, mesh=mesh)
+        self.train_step = TrainStep(model.cfg, self.optimizer, mesh, self.train_config,
+                                    compute_dtype=compute_dtype)
+        # KL's reference policy: the initial weights, frozen, in the compute dtype (a resumed
+        # run rebuilds it from the same model.source before restoring the train state)
+        self.reference_params = (
+            compute_copy(self.train_state.params, compute_dtype,
+                         self.train_step.shardings.params)
+            if self.train_config.kl_coef else None)
+        self.sampler = Sampler(model, mesh=mesh, compute_dtype=compute_dtype)
         max_turns = run.spade.max_turns
         self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns)
         self.validation_pool = EnvPool(run.sandbox, warm=2, max_turns=max_turns)
@@ -165,13 +173,18 @@ class Runtime:
 
     # ------------------------------------------------------------------ training
     def train(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One optimizer step on `samples`: length groups, gradient accumulation, exact means."""
+        """One optimizer step on `samples`: length groups, gradient accumulation, exact means.
+
+        Each sample's sampler log-probs go to the batch as `behaviour_logp` (TIS); the PPO
+        old_logp is the train step's own forward (one step per rollout, as the reference).
+        """
         dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         rows_per_micro = -(-self.train_config.micro_batch // dp) * dp
         max_len = self.train_config.seq_len
         # without a KL term, zero-advantage samples have exactly zero loss and gradient
-        computed, skipped_tokens = (drop_zero_advantage(samples, max_len)
-                                    if not self.train_config.kl_coef else (samples, 0))
+        computed, skipped_tokens, skipped_samples = (
+            drop_zero_advantage(samples, max_len) if not self.train_config.kl_coef
+            else (samples, 0, 0))
         groups = []
         for group in length_groups(computed, max_len):
             # a group smaller than one micro-batch is padded only to the data-parallel size
@@ -192,14 +205,16 @@ class Runtime:
                                                      f"{b['tokens'].shape[1]}" for b, _ in groups),
                  len(samples) - len(computed))
         with self.timer.phase("training"):
-            self.train_state, metrics = self.train_step.grouped(self.train_state, groups,
-                                                                skipped_tokens)
+            self.train_state, metrics = self.train_step.grouped(
+                self.train_state, groups, skipped_tokens, skipped_samples,
+                reference=self.reference_params)
             metrics = {f"train/{k}": float(to_host(v)) for k, v in metrics.items()}
         metrics["train/truncated_samples"] = float(truncated)
         self._sync_weights()
         return metrics
 
     def _sync_weights(self) -> None:
+        """Point the model at the new master weights and refresh the sampler's copy."""
         nnx.update(self.model, self.train_state.params)
         self.sampler.set_params(self.train_state.params)
 

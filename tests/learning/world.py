@@ -227,7 +227,7 @@ def _mask_shifted(sample):
     is trained in its place (one token late would drop a sequence-final generated token)."""
     earlier = lambda a: np.concatenate([a[1:], np.zeros(1, a.dtype)])  # noqa: E731
     return dataclasses.replace(sample, loss_mask=earlier(sample.loss_mask),
-                               old_logp=earlier(sample.old_logp))
+                               behaviour_logp=earlier(sample.behaviour_logp))
 
 
 SABOTAGES = {"advantage_sign_flipped": _sign_flipped, "loss_mask_shifted": _mask_shifted}

@@ -11,7 +11,7 @@ from spade_jax.plan import TrainShape, format_plan, memory_plan, topology_device
 
 CFG = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
                   head_dim=32, ffn_dim=512, tie_embeddings=True, family="llama")
-SHAPE = TrainShape(param_dtype="bfloat16", compute_dtype="bfloat16", mesh=(1, 4, 2),
+SHAPE = TrainShape(param_dtype="float32", compute_dtype="bfloat16", mesh=(1, 4, 2),
                    remat="block", micro_batch=8, seq_len=128, rollout_batch=16, context_len=256)
 
 
@@ -28,9 +28,18 @@ def test_parameter_bytes_follow_the_shardings():
     # Every matrix here divides (fsdp=4, tensor=2); only norms [L, D] / [D] are replicated.
     norms = 2 * 4 * 256 + 256
     matrices = plan.n_params - norms
-    assert plan.parameters == (matrices // 8 + norms) * 2
-    assert plan.optimizer == 2 * (matrices // 8 + norms) * 4
-    assert plan.gradients == plan.parameters
+    local = matrices // 8 + norms
+    assert plan.parameters == local * 4  # float32 masters
+    assert plan.optimizer == 2 * local * 4  # both Adam moments in float32
+    assert plan.gradients == local * 4  # float32 gradient sums
+    assert plan.sampler_weights == local * 2  # the sampler's bf16 copy
+    assert plan.reference_weights == 0  # KL off
+    kl = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "reference_copy": True}))
+    assert kl.reference_weights == local * 2
+    assert kl.sampling_peak - plan.sampling_peak == local * 2
+    assert kl.training_peak - plan.training_peak == local * 2
+    same = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "compute_dtype": "float32"}))
+    assert same.sampler_weights == 0  # float32 sampling shares the master weights
     # KV cache: 2 x [L=4, B=16/4, S=256, K=4/2, Dh=32] in bf16.
     assert plan.kv_cache == 2 * 4 * 4 * 256 * 2 * 32 * 2
     # 4 KV heads on tensor=8 cannot split: the batch is split 32 ways instead of replicated.
@@ -66,6 +75,27 @@ def test_rollout_check_passes_the_cpu_default_and_refuses_too_many_plays():
     assert "spade.plays_per_env=64" in message and "384 conversations" in message
     assert "need 67.5 GiB of KV cache" in message and "1.5 GiB of parameters" in message
     assert "At most 127 conversations fit" in message  # (24 GiB - 1.5 GiB) / 180 MiB = 127.98
+
+
+def test_kl_without_room_for_its_reference_copy_is_refused_with_the_numbers():
+    """smollm2-135m at bf16 compute: 0.50 GiB float32 masters + 1.00 GiB moments + 0.25 GiB
+    sampler copy + 2.11 GiB bf16 KV cache for its 24 plays = 3.86 GiB; KL's bf16 reference
+    adds 0.25 GiB (4.11 GiB)."""
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.plan import GIB, check_rollout_fits
+
+    cfg = load_config_file("smollm2_135m")
+    cfg.model.compute_dtype = "bfloat16"
+    check_rollout_fits(parse(cfg), 1, 4 * GIB)  # fits without KL
+    cfg.train.kl_coef = 0.005
+    check_rollout_fits(parse(cfg), 1, int(4.2 * GIB))  # and with it, given room
+    with pytest.raises(ConfigError) as err:
+        check_rollout_fits(parse(cfg), 1, 4 * GIB)
+    message = str(err.value)
+    assert message.startswith("train.kl_coef=0.005 needs a frozen reference copy")
+    assert "0.3 GiB per device in bfloat16" in message
+    assert "holds 4.1 GiB while sampling" in message and "but has 4.0 GiB" in message
+    assert "KV cache 2.1 GiB for 24 conversations" in message
 
 
 def test_a_run_asking_for_more_plays_than_memory_holds_stops_before_loading(tmp_path):

@@ -52,7 +52,7 @@ def saved(tmp_path_factory):
     batch = dict(tokens=rng.randint(0, 256, (8, 12)).astype(np.int32),
                  loss_mask=np.ones((8, 12), np.float32),
                  advantages=rng.randn(8).astype(np.float32),
-                 old_logp=np.full((8, 12), -5.0, np.float32))
+                 behaviour_logp=np.full((8, 12), -5.0, np.float32))
     state, _ = TrainStep(MOE, optimizer, mesh, TrainConfig())(state, batch)
     expected = host_leaves(state)
     workdir = tmp_path_factory.mktemp("ckpt")

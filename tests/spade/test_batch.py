@@ -17,7 +17,7 @@ def sample(role, n, gen, adv=1.0, weight=1.0):
     mask = np.zeros(n, bool)
     mask[n - gen:] = True
     return TrainSample(tokens=np.arange(1, n + 1, dtype=np.int32), loss_mask=mask,
-                       old_logp=np.where(mask, -0.5, 7.0).astype(np.float32),
+                       behaviour_logp=np.where(mask, -0.5, 7.0).astype(np.float32),
                        advantage=adv, role=role, weight=weight)
 
 
@@ -36,7 +36,8 @@ def test_assemble_pads_masks_and_broadcasts_advantage():
     assert batch["loss_mask"][0].tolist()[:6] == [False, False, False, True, True, False]
     assert batch["advantages"][0, 3] == pytest.approx(1.0)  # advantage * weight
     assert batch["advantages"][0, :3].sum() == 0  # only generated tokens carry advantage
-    assert batch["old_logp"][0, 0] == 0.0 and batch["old_logp"][0, 4] == pytest.approx(-0.5)
+    logp = batch["behaviour_logp"]
+    assert logp[0, 0] == 0.0 and logp[0, 4] == pytest.approx(-0.5)
     assert batch["is_designer"].tolist() == [True, False, False, False]
 
 
@@ -66,16 +67,24 @@ def test_delayed_designer_samples_survive_a_checkpoint_round_trip():
     copy = TrainSample.from_json(json.loads(json.dumps(original.to_json())))
     assert copy.tokens.tolist() == original.tokens.tolist()
     assert copy.loss_mask.tolist() == original.loss_mask.tolist()
-    assert copy.old_logp.tolist() == original.old_logp.tolist()
+    assert copy.behaviour_logp.tolist() == original.behaviour_logp.tolist()
     assert (copy.advantage, copy.role, copy.weight) == (0.25, "designer", 2.0)
 
 
 def test_zero_advantage_samples_are_dropped_and_their_generated_tokens_counted():
     samples = [sample("agent", 10, 4, adv=0.0), sample("agent", 12, 5, adv=0.5),
                sample("designer", 20, 8, adv=1.0, weight=0.0)]
-    kept, skipped = drop_zero_advantage(samples)
-    assert kept == [samples[1]] and skipped == 4 + 8
-    assert drop_zero_advantage(samples, max_len=17)[1] == 4 + 5  # designer row cut at 17
+    kept, skipped_tokens, skipped_samples = drop_zero_advantage(samples)
+    assert kept == [samples[1]] and (skipped_tokens, skipped_samples) == (4 + 8, 2)
+    # designer row cut at 17 keeps 5 generated tokens; at 12 it keeps none and is no sample
+    assert drop_zero_advantage(samples, max_len=17)[1:] == (4 + 5, 2)
+    assert drop_zero_advantage(samples, max_len=12)[1:] == (4, 1)
     # all zero: the shortest sample stays so the step has a batch
-    kept, skipped = drop_zero_advantage([samples[2], samples[0]])
-    assert kept == [samples[0]] and skipped == 8
+    kept, skipped_tokens, skipped_samples = drop_zero_advantage([samples[2], samples[0]])
+    assert kept == [samples[0]] and (skipped_tokens, skipped_samples) == (8, 1)
+
+
+def test_checkpoints_from_before_the_rename_still_load():
+    data = sample("designer", 7, 3).to_json()
+    data["old_logp"] = data.pop("behaviour_logp")
+    assert TrainSample.from_json(data).behaviour_logp.tolist()[-1] == -0.5

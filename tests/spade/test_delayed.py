@@ -56,4 +56,4 @@ def test_pending_design_survives_a_checkpoint_round_trip():
     assert copy.window.by_offset == design.window.by_offset
     assert (copy.due, copy.cycle, copy.skill, copy.status, copy.env_id, copy.r_hint) == (
         8, 4, "Logical_Deduction", "ok", design.env_id, 0.75)
-    assert copy.sample.old_logp.tolist() == design.sample.old_logp.tolist()
+    assert copy.sample.behaviour_logp.tolist() == design.sample.behaviour_logp.tolist()
