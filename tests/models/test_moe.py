@@ -96,7 +96,7 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
     batch = dict(tokens=rng.integers(0, 53, (8, 10)).astype(np.int32),
                  loss_mask=np.ones((8, 10), np.float32),
                  advantages=rng.normal(size=8).astype(np.float32),
-                 old_logp=np.full((8, 10), -4.0, np.float32))
+                 behaviour_logp=np.full((8, 10), -4.0, np.float32))
     params = {}
     for shape in [(1, 1, 1), (1, 2, 4)]:
         mesh = make_mesh(shape, jax.devices()[:int(np.prod(shape))])
