@@ -82,8 +82,7 @@ skill = run.spade.skills[0]
 messages = prompts.designer_messages(
     skill, game_type=run.spade.game_type, max_turns=run.spade.max_turns,
     example_code=prompts.worked_example(rt.seed_envs, run.spade.game_type))
-[design] = rt.generate([messages], temperature=run.sampling.designer_temperature,
-                       max_new_tokens=run.sampling.designer_max_new_tokens, seed=0)
+[design] = rt.generate([messages], run.sampling.designer, seed=0)
 print(f"Designer ({len(design.tokens)} tokens, {design.finish_reason}):")
 print(design.text[:1500])"""),
     ("code", """\

@@ -31,7 +31,13 @@ from spade_jax.eval.suites import build_eval_tasks
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
-from spade_jax.spade.rollout import Episode, EpisodeSpec, conversation_capacity, play_episodes
+from spade_jax.spade.rollout import (
+    Decoding,
+    Episode,
+    EpisodeSpec,
+    conversation_capacity,
+    play_episodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +262,8 @@ def _play(rt, pool, batch, *, max_new_tokens: int, temperature: float, seed: int
     return play_episodes(
         specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
         system_prompt=_game_type(batch[0][0]).agent_system_prompt, max_turns=turns,
-        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, capacity=capacity)
+        decoding=Decoding(temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens),
+        seed=seed, capacity=capacity)
 
 
 def _episode_row(task: EvalTask, hint: bool, episode: Episode, tokenizer) -> dict:
