@@ -113,7 +113,7 @@ from spade_jax.spade.rollout import EpisodeSpec
 seeds = range(run.spade.plays_per_env)
 specs = [EpisodeSpec(env_name, env_code, seed) for seed in seeds]
 specs += [EpisodeSpec(env_name, env_code, seed, hint=ENV_HINT) for seed in seeds]
-episodes = rt.play(specs, seed=0)
+episodes = rt.play(specs, run.sampling.agent, seed=0)
 no_hint = [e.episode_return for e in episodes if e.spec.hint is None]
 with_hint = [e.episode_return for e in episodes if e.spec.hint is not None]
 print(f"return without hint {np.mean(no_hint):+.3f}, with hint {np.mean(with_hint):+.3f}, "

@@ -58,7 +58,7 @@ def scripted_designer(tiny_runtime, monkeypatch):
              or "sequence_extend" in e.name]
     calls = {"designer": 0}
 
-    def generate(messages_list, **kwargs):  # the tiny config's hints come from the envs
+    def generate(messages_list, *args, **kwargs):  # the tiny config's hints come from the envs
         out = []
         for _ in messages_list:
             # A module constant makes each design new to the memory (it refuses AST duplicates).
