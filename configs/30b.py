@@ -1,5 +1,10 @@
 """Qwen3-30B-A3B-Instruct-2507: the SPADE paper's model (48 layers, 128 experts, top-8).
 
+The paper's main games run, reference `cmd/games/train_spade_30b.sh`: every SPADE, sampling
+and reward setting is `base_config`'s (the reference defaults, docs/reference_parity.md):
+delay 4, KL 0, Designer 16384 / Agent 8192 tokens per turn, context 32768, temperature 0.6,
+top-p 0.95, top-k 20, hint 4096 tokens at 0.3, 16 hint plays, blend 0.6 / 0.4.
+
 Point model.source at a local HF checkpoint directory (e.g. copied from a gs:// bucket).
 Experts are sharded over the 'tensor' axis; see spade_jax/models/transformer.py.
 """

@@ -1,4 +1,12 @@
-"""Qwen3-4B (dense, tied embeddings). Point model.source at a local HF checkpoint directory."""
+"""Qwen3-4B-Instruct-2507 (dense, tied embeddings). Point model.source at a local HF checkpoint
+directory.
+
+Reference `cmd/games/train_spade_4b.sh`: the games defaults of `base_config` (delay 4, KL 0,
+Designer 16384 tokens). Its later phase (reference `cmd/games/README.md`) resumes with a
+49152-token context and the plateau band [0.2, 0.4], ramp 0.2:
+    --config.sampling.max_context=49152 --config.spade.blend.plateau_lo=0.2
+    --config.spade.blend.plateau_hi=0.4 --config.spade.blend.plateau_ramp=0.2
+"""
 
 from spade_jax.config import arch, base_config
 

@@ -1,4 +1,9 @@
-"""Qwen3-8B (dense). Point model.source at a local HF checkpoint directory."""
+"""Qwen3-8B (dense). Point model.source at a local HF checkpoint directory.
+
+Reference `cmd/games/train_spade_8b.sh`: the games defaults of `base_config` except a
+20000-token Designer budget and a KL penalty of 0.005 (low-variance estimator). The reference
+also turns Qwen3 thinking on for both roles, which this config does not model.
+"""
 
 from spade_jax.config import arch, base_config
 
@@ -12,4 +17,6 @@ def get_config():
     c.model.param_dtype = "float32"  # master weights; matmuls in bf16
     c.model.compute_dtype = "bfloat16"
     c.mesh.update(dict(data=1, fsdp=-1, tensor=1))
+    c.sampling.designer_max_new_tokens = 20000  # reference --spade-env-max-tokens 20000
+    c.train.kl_coef = 0.005  # reference --kl-loss-coef 0.005
     return c

@@ -82,8 +82,7 @@ skill = run.spade.skills[0]
 messages = prompts.designer_messages(
     skill, game_type=run.spade.game_type, max_turns=run.spade.max_turns,
     example_code=prompts.worked_example(rt.seed_envs, run.spade.game_type))
-[design] = rt.generate([messages], temperature=run.sampling.designer_temperature,
-                       max_new_tokens=run.sampling.designer_max_new_tokens, seed=0)
+[design] = rt.generate([messages], run.sampling.designer, seed=0)
 print(f"Designer ({len(design.tokens)} tokens, {design.finish_reason}):")
 print(design.text[:1500])"""),
     ("code", """\
@@ -114,7 +113,7 @@ from spade_jax.spade.rollout import EpisodeSpec
 seeds = range(run.spade.plays_per_env)
 specs = [EpisodeSpec(env_name, env_code, seed) for seed in seeds]
 specs += [EpisodeSpec(env_name, env_code, seed, hint=ENV_HINT) for seed in seeds]
-episodes = rt.play(specs, seed=0)
+episodes = rt.play(specs, run.sampling.agent, seed=0)
 no_hint = [e.episode_return for e in episodes if e.spec.hint is None]
 with_hint = [e.episode_return for e in episodes if e.spec.hint is not None]
 print(f"return without hint {np.mean(no_hint):+.3f}, with hint {np.mean(with_hint):+.3f}, "

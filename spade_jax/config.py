@@ -25,12 +25,19 @@ from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.config import ModelConfig
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
+from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.seeding import check_seed
-from spade_jax.spade.hints import HintMode
+from spade_jax.spade.hints import HintMode, HintSchedule
 from spade_jax.spade.memory import MemoryMode
 from spade_jax.spade.prompts import GameType
-from spade_jax.spade.rewards import RewardVariant
-from spade_jax.spade.rollout import conversation_capacity
+from spade_jax.spade.rewards import (
+    BlendParams,
+    FailedPlays,
+    LPUpdate,
+    RewardVariant,
+    RoleScaleCounts,
+)
+from spade_jax.spade.rollout import Decoding, conversation_capacity
 
 
 class Mode(enum.StrEnum):
@@ -82,15 +89,21 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # -1: fill with devices
 
+    # Per role, as the reference (docs/reference_parity.md): Designer = its `env_*`, Agent =
+    # its `actor_*`; the hint call passes no top-p, so its adapter's default 0.9 applies.
     c.sampling = ml_collections.ConfigDict()
     c.sampling.designer_temperature = 0.6
-    c.sampling.agent_temperature = 0.6
-    c.sampling.hint_temperature = 0.3
-    c.sampling.top_p = 1.0
-    c.sampling.top_k = 0
+    c.sampling.designer_top_p = 0.95
+    c.sampling.designer_top_k = 20
     c.sampling.designer_max_new_tokens = 16384
+    c.sampling.agent_temperature = 0.6
+    c.sampling.agent_top_p = 0.95
+    c.sampling.agent_top_k = 20
     c.sampling.agent_max_new_tokens = 8192  # per turn
-    c.sampling.hint_max_new_tokens = 256
+    c.sampling.hint_temperature = 0.3
+    c.sampling.hint_top_p = 0.9
+    c.sampling.hint_top_k = 20
+    c.sampling.hint_max_new_tokens = 4096  # games; 2048 in the tool-use recipes
     c.sampling.max_context = 32768
 
     c.train = ml_collections.ConfigDict()
@@ -115,33 +128,49 @@ def base_config() -> ml_collections.ConfigDict:
     c.spade.skills_per_regen = 3
     c.spade.regen_interval = 4
     c.spade.games_per_cycle = 24
-    c.spade.plays_per_env = 8  # K no-hint plays; the same K with hint
+    c.spade.plays_per_env = 8  # K no-hint plays
+    c.spade.hint_plays_per_env = 16  # hint plays; play i < K shares no-hint play i's seed
+    c.spade.hint_plays_when = HintSchedule.REGEN.value  # regen | every_cycle
+    c.spade.failed_plays = FailedPlays.DROP.value  # drop | score (-1)
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
     c.spade.game_type = GameType.GAME.value  # game | tool_use
     c.spade.reward_variant = RewardVariant.BLEND.value
-    c.spade.penalize_invalid = True
+    # False (reference): an invalid design is retried and never trained; True: trained at -1.
+    c.spade.penalize_invalid = False
     c.spade.hint_mode = HintMode.SELF.value  # self | designer
-    c.spade.designer_delay = 0  # 4 in the reference: cycles before Designer samples are trained
+    c.spade.designer_delay = 4  # cycles before Designer samples are trained (tool use: 8)
+    c.spade.final_flush = True  # the last cycle trains every Designer sample still waiting
+    c.spade.lp_update = LPUpdate.BEFORE_SCORING.value  # before_scoring | after_scoring
+    c.spade.role_scale_counts = RoleScaleCounts.VALID.value  # valid | trained
+    # Blend reward: plateau_weight * plateau(win; band [plateau_lo, plateau_hi], ramp) +
+    # regret_weight * clip(regret / regret_scale, 0, 1) (no clip without regret_floor).
+    c.spade.blend = ml_collections.ConfigDict(dict(
+        plateau_weight=0.6, regret_weight=0.4, regret_scale=0.15, regret_floor=True,
+        plateau_lo=0.4, plateau_hi=0.6, plateau_ramp=0.25))
     # Delayed regret: hint plays against the regen cycle's no-hint plays (True), or against
     # every no-hint play of the delay window (False, the reference `regret` variant).
     c.spade.matched_timing = True
-    c.spade.replay_per_cycle = 4  # memory environments replayed each cycle
+    # Memory environments replayed each cycle (by PLR priority); the reference never replays
+    # them (its memory only feeds the Designer's prompt).
+    c.spade.replay_per_cycle = 0
     c.spade.no_corpus = False
     c.spade.no_memory = False
     c.spade.no_designer_training = False
 
-    c.memory = ml_collections.ConfigDict(dict(capacity=200, mode=MemoryMode.PLR.value,
-                                                     staleness_coef=0.3))
+    # mode: which record a full memory evicts, the oldest (fifo, reference) or the lowest PLR
+    # score (plr)
+    c.memory = ml_collections.ConfigDict(dict(capacity=200, mode=MemoryMode.FIFO.value,
+                                              staleness_coef=0.3))
     c.corpus = ml_collections.ConfigDict(dict(source="stdlib", max_words=6000, data_dir=""))
 
-    # step_timeout_s: seconds one environment call (reset or step) may run before the play ends
+    # step_timeout_s: seconds one environment call (reset or step) may run before the play
+    # ends; validation_timeout_s: seconds the gate's random-action run may take (reference 60)
     c.sandbox = ml_collections.ConfigDict(dict(allow_unsafe=False, warm_workers=8,
-                                               step_timeout_s=2.0))
+                                               step_timeout_s=30.0, validation_timeout_s=60.0))
 
     c.checkpoint_every = 1
     c.keep_checkpoints = 3
-    c.log_every = 1
     # In-loop evaluation every `every` cycles (0: off) on a fixed subset: `limit` items per suite
     # (spade_jax.eval.runner.SUITE_NAMES); `games` is 'seeds' or a directory of env files.
     c.eval = ml_collections.ConfigDict(dict(every=0, suites="games", limit=8, games="seeds"))
@@ -254,24 +283,56 @@ class MeshConfig:
         return tuple(dims)
 
 
+ROLES = ("designer", "agent", "hint")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """Temperatures and token budgets of the three kinds of generation."""
+    """Temperature, top-p, top-k and token budget of each kind of generation (role)."""
 
     designer_temperature: float = 0.6
-    agent_temperature: float = 0.6
-    hint_temperature: float = 0.3
-    top_p: float = 1.0
-    top_k: int = 0
+    designer_top_p: float = 0.95
+    designer_top_k: int = 20
     designer_max_new_tokens: int = 16384
+    agent_temperature: float = 0.6
+    agent_top_p: float = 0.95
+    agent_top_k: int = 20
     agent_max_new_tokens: int = 8192  # per turn
-    hint_max_new_tokens: int = 256
+    hint_temperature: float = 0.3
+    hint_top_p: float = 0.9
+    hint_top_k: int = 20
+    hint_max_new_tokens: int = 4096
     max_context: int = 32768
 
+    def decoding(self, role: str) -> Decoding:
+        """The sampler settings of `role` ('designer', 'agent' or 'hint')."""
+        if role not in ROLES:
+            raise ValueError(f"unknown sampling role {role!r}; use one of {ROLES}")
+        return Decoding(*(getattr(self, f"{role}_{k}") for k in
+                          ("temperature", "top_p", "top_k", "max_new_tokens")))
+
+    @property
+    def designer(self) -> Decoding:
+        return self.decoding("designer")
+
+    @property
+    def agent(self) -> Decoding:
+        return self.decoding("agent")
+
+    @property
+    def hint(self) -> Decoding:
+        return self.decoding("hint")
+
     def problems(self) -> list[str]:
-        keys = ("designer_max_new_tokens", "agent_max_new_tokens", "hint_max_new_tokens",
-                "max_context")
-        return [f"{k}={getattr(self, k)} must be >= 1" for k in keys if getattr(self, k) < 1]
+        keys = [f"{r}_max_new_tokens" for r in ROLES] + ["max_context"]
+        out = [f"{k}={getattr(self, k)} must be >= 1" for k in keys if getattr(self, k) < 1]
+        for role in ROLES:
+            top_p, top_k = getattr(self, f"{role}_top_p"), getattr(self, f"{role}_top_k")
+            if not 0.0 < top_p <= 1.0:
+                out.append(f"{role}_top_p={top_p} must be in (0, 1]")
+            if not 0 <= top_k <= DEFAULT_MAX_TOP_K:
+                out.append(f"{role}_top_k={top_k} must be in 0..{DEFAULT_MAX_TOP_K} (0: off)")
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +346,10 @@ class SpadeConfig:
     skills_per_regen: int
     regen_interval: int
     games_per_cycle: int
-    plays_per_env: int  # K no-hint plays; the same K with hint
+    plays_per_env: int  # K no-hint plays
+    hint_plays_per_env: int
+    hint_plays_when: HintSchedule
+    failed_plays: FailedPlays
     max_turns: int
     max_attempts: int
     game_type: GameType
@@ -293,6 +357,10 @@ class SpadeConfig:
     penalize_invalid: bool
     hint_mode: HintMode
     designer_delay: int
+    final_flush: bool
+    lp_update: LPUpdate
+    role_scale_counts: RoleScaleCounts
+    blend: BlendParams | None
     matched_timing: bool
     replay_per_cycle: int
     no_corpus: bool
@@ -311,8 +379,8 @@ class SpadeConfig:
                        f"1..{len(self.skills)}")
         if self.designer_delay < 0:
             out.append(f"designer_delay={self.designer_delay} must be >= 0")
-        for key in ("regen_interval", "games_per_cycle", "plays_per_env", "max_turns",
-                    "max_attempts"):
+        for key in ("regen_interval", "games_per_cycle", "plays_per_env", "hint_plays_per_env",
+                    "max_turns", "max_attempts"):
             if getattr(self, key) < 1:
                 out.append(f"{key}={getattr(self, key)} must be >= 1")
         return out
@@ -323,7 +391,7 @@ class MemoryConfig:
     """The environment memory (spade/memory.py): its size and eviction mode."""
 
     capacity: int = 200
-    mode: MemoryMode = MemoryMode.PLR
+    mode: MemoryMode = MemoryMode.FIFO
     staleness_coef: float = 0.3
 
     def problems(self) -> list[str]:
@@ -376,14 +444,13 @@ class RunConfig:
     sandbox: SandboxConfig
     checkpoint_every: int
     keep_checkpoints: int
-    log_every: int
     eval: EvalConfig
 
     @property
     def rollout_batch(self) -> int:
         """Conversations the sampler holds at once: every play of every environment of a cycle."""
         envs = self.spade.games_per_cycle + self.spade.replay_per_cycle
-        return envs * self.spade.plays_per_env * 2
+        return envs * (self.spade.plays_per_env + self.spade.hint_plays_per_env)
 
     @property
     def play_context(self) -> int:
@@ -438,6 +505,13 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     s["reward_variant"] = _choice(RewardVariant, s["reward_variant"], "spade.reward_variant",
                                   problems)
     s["hint_mode"] = _choice(HintMode, s["hint_mode"], "spade.hint_mode", problems)
+    s["hint_plays_when"] = _choice(HintSchedule, s["hint_plays_when"], "spade.hint_plays_when",
+                                   problems)
+    s["failed_plays"] = _choice(FailedPlays, s["failed_plays"], "spade.failed_plays", problems)
+    s["lp_update"] = _choice(LPUpdate, s["lp_update"], "spade.lp_update", problems)
+    s["role_scale_counts"] = _choice(RoleScaleCounts, s["role_scale_counts"],
+                                     "spade.role_scale_counts", problems)
+    s["blend"] = _section(BlendParams, s["blend"], "spade.blend", problems)
     memory = dict(c["memory"])
     memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
     mesh = _section(MeshConfig, c["mesh"], "mesh", problems)
@@ -456,7 +530,7 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
         corpus=_section(CorpusConfig, c["corpus"], "corpus", problems),
         sandbox=_section(SandboxConfig, c["sandbox"], "sandbox", problems),
         checkpoint_every=c["checkpoint_every"], keep_checkpoints=c["keep_checkpoints"],
-        log_every=c["log_every"], eval=_section(EvalConfig, c["eval"], "eval", problems))
+        eval=_section(EvalConfig, c["eval"], "eval", problems))
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     return run

@@ -276,14 +276,16 @@ def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
     s = run.spade
     fits = max_rollout_batch(cfg, shape, bytes_per_device)
     raise ConfigError(
-        f"the Agent's plays do not fit in memory: spade.plays_per_env={s.plays_per_env} x 2 "
-        f"(without and with hint) x {s.games_per_cycle + s.replay_per_cycle} environments "
+        f"the Agent's plays do not fit in memory: (spade.plays_per_env={s.plays_per_env} + "
+        f"spade.hint_plays_per_env={s.hint_plays_per_env}) x "
+        f"{s.games_per_cycle + s.replay_per_cycle} environments "
         f"(spade.games_per_cycle={s.games_per_cycle} + spade.replay_per_cycle="
         f"{s.replay_per_cycle}) = {shape.rollout_batch} conversations of up to "
         f"{shape.context_len} tokens need {gib(plan.kv_cache)} of KV cache per device "
         f"plus {gib(plan.resident)} of parameters, their sampler / KL copies and optimizer "
         f"state, but a device has {gib(bytes_per_device)}. At most {fits} "
-        "conversations fit: lower spade.plays_per_env, spade.games_per_cycle or "
+        "conversations fit: lower spade.plays_per_env, spade.hint_plays_per_env, "
+        "spade.games_per_cycle or "
         "spade.replay_per_cycle, shorten conversations (spade.max_turns, "
         "sampling.agent_max_new_tokens, sampling.max_context), or use more devices.")
 

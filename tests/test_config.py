@@ -130,3 +130,12 @@ def test_records_are_frozen():
         field = dataclasses.fields(record)[0].name
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(record, field, getattr(record, field))
+
+
+def test_every_config_file_parses():
+    from spade_jax.config import CONFIGS_DIR
+
+    names = sorted(p.stem for p in CONFIGS_DIR.glob("*.py"))
+    assert {"30b", "30b_tool_use", "4b", "8b", "tiny", "smollm2_135m"} <= set(names)
+    for name in names:
+        parse(load_config_file(name))

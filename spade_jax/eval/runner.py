@@ -31,7 +31,13 @@ from spade_jax.eval.suites import build_eval_tasks
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
-from spade_jax.spade.rollout import Episode, EpisodeSpec, conversation_capacity, play_episodes
+from spade_jax.spade.rollout import (
+    Decoding,
+    Episode,
+    EpisodeSpec,
+    conversation_capacity,
+    play_episodes,
+)
 from spade_jax.workdir import is_remote
 
 log = logging.getLogger(__name__)
@@ -132,12 +138,8 @@ def evaluate(
     in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
-    hosts of a run). `top_p` / `top_k` (1.0 / 0: off) are not yet passed to the rollout, which
-    samples with `temperature` only; a warning says so when they are set.
+    hosts of a run). `top_p` / `top_k` (1.0 / 0: off) reach the sampler with `temperature`.
     """
-    if (top_p, top_k) != (1.0, 0):
-        log.warning("top_p=%s top_k=%s are not applied: play_episodes does not take them yet; "
-                    "sampling with temperature %s only", top_p, top_k, temperature)
     out = epath.Path(out_dir) if out_dir is not None else None
     if out is not None and not resume and out.exists():
         out.rmtree()
@@ -156,8 +158,8 @@ def evaluate(
     bar = tqdm(total=len(pending), desc="eval", unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
-            played = _play(rt, pool, batch, max_new_tokens=max_new_tokens,
-                           temperature=temperature, seed=seed)
+            played = _play(rt, pool, batch, Decoding(temperature, top_p, top_k, max_new_tokens),
+                           seed=seed)
             rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
                     for (task, hint), episode in zip(batch, played, strict=True)]
             if items is not None:
@@ -256,16 +258,16 @@ def _game_type(task: EvalTask) -> prompts.GameType:
     return prompts.GameType.TOOL_USE if task.suite in TOOL_USE_SUITES else prompts.GameType.GAME
 
 
-def _play(rt, pool, batch, *, max_new_tokens: int, temperature: float, seed: int
-          ) -> list[Episode]:
+def _play(rt, pool, batch, decoding: Decoding, *, seed: int) -> list[Episode]:
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
-    capacity = conversation_capacity(turns, max_new_tokens, rt.run.sampling.max_context)
+    capacity = conversation_capacity(turns, decoding.max_new_tokens,
+                                     rt.run.sampling.max_context)
     return play_episodes(
         specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
         system_prompt=_game_type(batch[0][0]).agent_system_prompt, max_turns=turns,
-        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, capacity=capacity)
+        decoding=decoding, seed=seed, capacity=capacity)
 
 
 def _episode_row(task: EvalTask, hint: bool, episode: Episode, tokenizer) -> dict:

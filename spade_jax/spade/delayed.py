@@ -72,4 +72,13 @@ def due_outcome(design: PendingDesign, blacklist: set[str],
     return DesignerOutcome(
         design.skill, DesignerStatus.OK,
         regret=regret.window_regret(design.r_hint, design.window, matched_timing),
-        win_rate=regret.window_mean_return(design.window))
+        win_rate=regret.window_mean_return(design.window),
+        n_plays=len(design.window.all_returns()))
+
+
+def split_due(pending: list[PendingDesign], cycle: int,
+              flush: bool = False) -> tuple[list[PendingDesign], list[PendingDesign]]:
+    """(samples due at `cycle`, samples still waiting); with `flush` every sample is due (the
+    reference trains everything still buffered at its last rollout)."""
+    due = [d for d in pending if flush or d.due <= cycle]
+    return due, [d for d in pending if not (flush or d.due <= cycle)]

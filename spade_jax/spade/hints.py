@@ -24,8 +24,8 @@ from spade_jax.envs.contract import hint_leaks
 from spade_jax.spade.prompts import hint_messages
 
 __all__ = [
-    "HINT_TEMPLATE", "HintMode", "HintResult", "HintStatus", "clean_hint", "hint_leaks",
-    "hint_messages", "inject_hint", "resolve_hint",
+    "HINT_TEMPLATE", "HintMode", "HintResult", "HintSchedule", "HintStatus", "clean_hint",
+    "hint_leaks", "hint_messages", "inject_hint", "resolve_hint",
 ]
 
 
@@ -36,6 +36,20 @@ class HintMode(enum.StrEnum):
     SELF = "self"
     DESIGNER = "designer"
 
+
+class HintSchedule(enum.StrEnum):
+    """Which plays get hint plays. REGEN (reference orchestrator: the hint phase runs at
+    regeneration steps only): the environments designed this cycle, nothing else; EVERY_CYCLE:
+    every environment played, every cycle, memory replays included."""
+
+    REGEN = "regen"
+    EVERY_CYCLE = "every_cycle"
+
+    def hinted(self, played_ids: list[str], designed_ids: set[str]) -> set[str]:
+        """The ids among ``played_ids`` that get hint plays this cycle."""
+        if self is HintSchedule.EVERY_CYCLE:
+            return set(played_ids)
+        return {i for i in played_ids if i in designed_ids}
 
 
 class HintStatus(enum.StrEnum):

@@ -22,7 +22,7 @@ from spade_jax.seeding import SEED_LIMIT, derive_rng, derive_seed
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
 from spade_jax.spade.batch import Role, TrainSample, order_for_training
-from spade_jax.spade.delayed import PendingDesign, due_outcome, record_plays
+from spade_jax.spade.delayed import PendingDesign, due_outcome, record_plays, split_due
 from spade_jax.spade.designer import (
     DesignAttempt,
     DesignedEnv,
@@ -32,8 +32,8 @@ from spade_jax.spade.designer import (
 from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.hints import HintMode, HintStatus
 from spade_jax.spade.memory import EnvMemory, new_record
-from spade_jax.spade.rewards import DesignerStatus
-from spade_jax.spade.rollout import Episode, EpisodeSpec, EpisodeStatus
+from spade_jax.spade.rewards import DesignerStatus, FailedPlays
+from spade_jax.spade.rollout import Decoding, Episode, EpisodeSpec, EpisodeStatus
 
 if TYPE_CHECKING:
     from spade_jax.config import RunConfig, SamplingConfig, SpadeConfig
@@ -136,9 +136,7 @@ def run_designer(
         return messages, (document.doc_id if document else None)
 
     def generate(messages_list):
-        return rt.generate(messages_list, temperature=sampling.designer_temperature,
-                           max_new_tokens=sampling.designer_max_new_tokens,
-                           seed=int(rng.integers(SEED_LIMIT)))
+        return rt.generate(messages_list, sampling.designer, seed=int(rng.integers(SEED_LIMIT)))
 
     attempts, admitted = design_environments(
         slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,
@@ -157,52 +155,68 @@ def write_hints(rt, s: SpadeConfig, sampling: SamplingConfig, envs: list[Designe
         for env in envs:
             env.hint = ENV_HINT
         return
-    completions = rt.generate(
-        [hint_lib.hint_messages(e.code, s.game_type) for e in envs],
-        temperature=sampling.hint_temperature,
-        max_new_tokens=sampling.hint_max_new_tokens, seed=int(rng.integers(SEED_LIMIT)))
+    completions = rt.generate([hint_lib.hint_messages(e.code, s.game_type) for e in envs],
+                              sampling.hint, seed=int(rng.integers(SEED_LIMIT)))
     for env, completion in zip(envs, completions, strict=True):
         env.hint = hint_lib.clean_hint(completion.text) or ""
 
 
 @dataclasses.dataclass(frozen=True)
 class EnvPlays:
-    """One environment's plays of a cycle: K without hint, K with hint on the same seeds, and
-    the regret statistics of their returns."""
+    """One environment's plays of a cycle: K without hint, those with hint (none in a cycle
+    without hint plays of it; play i of both shares seed i), the plays that count
+    (`FailedPlays`), and the regret statistics of their returns."""
 
     env: DesignedEnv
     nohint: list[Episode]
-    hinted: list[Episode]
+    hinted: list[Episode] | None
     stats: regret.PlayStats
+    failed_plays: FailedPlays = FailedPlays.DROP
 
     @classmethod
-    def scored(cls, env: DesignedEnv, nohint: list[Episode], hinted: list[Episode]) -> EnvPlays:
-        """The plays of `env` with their statistics (failed plays of both kinds counted)."""
-        stats = regret.play_stats(env.env_id, env.skill, [e.episode_return for e in nohint],
-                                  [e.episode_return for e in hinted],
-                                  n_failed=sum(e.failed for e in nohint + hinted))
-        return cls(env, nohint, hinted, stats)
+    def scored(cls, env: DesignedEnv, nohint: list[Episode], hinted: list[Episode] | None,
+               failed_plays: FailedPlays = FailedPlays.DROP) -> EnvPlays:
+        """The plays of `env` with the statistics of those that count."""
+        hint_returns = (None if hinted is None
+                        else [e.episode_return for e in failed_plays.kept(hinted)])
+        stats = regret.play_stats(env.env_id, env.skill,
+                                  [e.episode_return for e in failed_plays.kept(nohint)],
+                                  hint_returns,
+                                  n_failed=sum(e.failed for e in nohint + (hinted or [])))
+        return cls(env, nohint, hinted, stats, failed_plays)
 
     @property
     def episodes(self) -> list[Episode]:
-        return self.nohint + self.hinted
+        return self.nohint + (self.hinted or [])
+
+    @property
+    def trained(self) -> list[Episode]:
+        """The no-hint plays that count: the Agent's training samples of this environment."""
+        return self.failed_plays.kept(self.nohint)
 
     @property
     def nohint_returns(self) -> list[float]:
-        return [e.episode_return for e in self.nohint]
+        """Returns of the no-hint plays that count."""
+        return [e.episode_return for e in self.trained]
 
 
-def play_pool(rt, k: int, run_seed: int, cycle: int, envs: list[DesignedEnv]) -> list[EnvPlays]:
-    """K plays without and K with hint of every env, all in one batch, on shared seeds."""
+def play_pool(rt, s: SpadeConfig, agent: Decoding, run_seed: int, cycle: int,
+              envs: list[DesignedEnv], hinted_ids: set[str]) -> list[EnvPlays]:
+    """`s.plays_per_env` plays without hint of every env and `s.hint_plays_per_env` with hint
+    of those in `hinted_ids`, all in one batch; hint play i shares no-hint play i's seed."""
+    k, k_hint = s.plays_per_env, s.hint_plays_per_env
     spec_pairs = []
     for env in envs:
-        seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(k)]
-        spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds],
-                           [EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None)
-                            for sd in seeds]))
-    results = iter(rt.play([spec for pair in spec_pairs for specs in pair for spec in specs],
-                           seed=play_seed(run_seed, cycle)))
-    return [EnvPlays.scored(env, [next(results) for _ in nohint], [next(results) for _ in hinted])
+        seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(max(k, k_hint))]
+        hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None)
+                   for sd in seeds[:k_hint]] if env.env_id in hinted_ids else None)
+        spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds[:k]], hinted))
+    results = iter(rt.play([spec for nohint, hinted in spec_pairs
+                            for spec in nohint + (hinted or [])],
+                           agent, seed=play_seed(run_seed, cycle)))
+    return [EnvPlays.scored(env, [next(results) for _ in nohint],
+                            None if hinted is None else [next(results) for _ in hinted],
+                            s.failed_plays)
             for env, (nohint, hinted) in zip(envs, spec_pairs, strict=True)]
 
 
@@ -210,10 +224,11 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     """One SPADE (or fixed-mode) cycle; mutates `state` and returns its metrics.
 
     The cycle composes the steps below and hands each one the records it needs."""
-    s = run.spade
+    s, total_cycles = run.spade, run.total_cycles
     rng = cycle_rng(run.seed, state.cycle, 0)
     metrics: dict[str, float] = {}
     attempts: list[DesignAttempt] = []
+    designed: set[str] = set()
     regen = state.cycle % s.regen_interval == 0
     if not run.mode.designs:
         if not state.pool:
@@ -224,6 +239,7 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
         metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
         if admitted:
             state.pool = admitted
+            designed = {e.env_id for e in admitted}
         elif state.pool:
             rt.log("no valid environment this cycle: the Agent keeps training on the last pool")
         else:
@@ -235,36 +251,44 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
             replayed.append((DesignedEnv(record.id, record.skill, record.code, record.doc_id,
                                          record.cycle, hint=record.hint or ""), prob))
     pool = [e for e in state.pool if e.env_id not in state.blacklist]
+    pool_ids = {e.env_id for e in pool}
     played_envs = pool + [e for e, _ in replayed]
-    if any(not e.hint for e, _ in replayed):
-        write_hints(rt, s, run.sampling, [e for e, _ in replayed if not e.hint], rng)
-    plays = (play_pool(rt, s.plays_per_env, run.seed, state.cycle, played_envs)
+    hinted_ids = s.hint_plays_when.hinted([e.env_id for e in played_envs], designed)
+    unhinted = [e for e, _ in replayed if e.env_id in hinted_ids and not e.hint]
+    if unhinted:
+        write_hints(rt, s, run.sampling, unhinted, rng)
+    plays = (play_pool(rt, s, run.sampling.agent, run.seed, state.cycle, played_envs, hinted_ids)
              if played_envs else [])
 
     for played in plays:
         if any(e.status == EpisodeStatus.TIMEOUT for e in played.episodes):
             state.blacklist.add(played.env.env_id)
 
-    # Agent: per-environment z-scores over the no-hint plays; hint plays are never trained.
+    # Agent: per-environment z-scores over the no-hint plays that count (failed ones dropped
+    # before normalising, `spade.failed_plays`); hint plays are never trained.
     replay_weight = {e.env_id: 1.0 for e in pool}
     if replayed:
         probs = np.array([p for _, p in replayed])
         for (env, _), p in zip(replayed, probs, strict=True):
             replay_weight[env.env_id] = float(p * len(probs) / probs.sum())
-    groups = group_zscore_advantages([p.nohint_returns for p in plays]) if plays else None
+    counted = [p for p in plays if p.trained]  # an env whose plays all failed trains nothing
+    groups = group_zscore_advantages([p.nohint_returns for p in counted]) if counted else None
     agent_samples = []
-    for played, adv in zip(plays, groups.advantages if groups else [], strict=True):
+    for played, adv in zip(counted, groups.advantages if groups else [], strict=True):
         agent_samples += [agent_sample(e, a, replay_weight[played.env.env_id])
-                          for e, a in zip(played.nohint, adv, strict=True)]
+                          for e, a in zip(played.trained, adv, strict=True)]
+    n_agent = (len(agent_samples) if s.role_scale_counts == rewards.RoleScaleCounts.TRAINED
+               else sum(len(p.trained) for p in plays if p.env.env_id in pool_ids))
 
     if attempts and not s.no_designer_training:
         state.pending_designs += pending_designs_for(rt, state, attempts, plays,
                                                      due=state.cycle + s.designer_delay)
     record_plays(state.pending_designs, state.cycle,
                  {p.env.env_id: p.nohint_returns for p in plays})
-    due = [d for d in state.pending_designs if d.due <= state.cycle]
-    state.pending_designs = [d for d in state.pending_designs if d.due > state.cycle]
-    designer_samples, raw = designer_samples_for(s, state, due, len(agent_samples))
+    due, state.pending_designs = split_due(
+        state.pending_designs, state.cycle,
+        flush=s.final_flush and state.cycle == total_cycles - 1)
+    designer_samples, raw = designer_samples_for(s, state, due, n_agent)
     if len(raw):
         metrics["designer/reward_mean"] = float(np.mean(raw))
 
@@ -293,7 +317,7 @@ def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
         elif env_id in state.blacklist:
             status, r_hint = DesignerStatus.STEP_TIMEOUT, 0.0
         elif env_id in by_env:
-            status, r_hint = DesignerStatus.OK, by_env[env_id].r_hint
+            status, r_hint = DesignerStatus.OK, by_env[env_id].r_hint or 0.0
         else:
             continue
         pending.append(PendingDesign(due, state.cycle, designer_sample(rt, attempt, 0.0),
@@ -313,14 +337,21 @@ def designer_samples_for(
     if not outcomes:
         return [], np.zeros(0)
     variant = s.reward_variant
-    state.learning_potentials = variant.trackers_for(outcomes, state.learning_potentials)
-    n_designer = sum(1 for o in outcomes
-                     if o.status != DesignerStatus.INVALID or s.penalize_invalid)
+    trackers = variant.trackers_for(outcomes, state.learning_potentials)
+    before = s.lp_update == rewards.LPUpdate.BEFORE_SCORING
+    if before:
+        trackers = variant.advance_trackers(outcomes, trackers, pooled=True)
+    counted = (DesignerStatus.OK, DesignerStatus.STEP_TIMEOUT)
+    if s.role_scale_counts == rewards.RoleScaleCounts.TRAINED and s.penalize_invalid:
+        counted += (DesignerStatus.INVALID,)
+    n_designer = sum(1 for o in outcomes if o.status in counted)
     scale = rewards.role_scale(n_agent, n_designer, s.regen_interval)
     result = rewards.designer_rewards(outcomes, variant, scale,
                                       penalize_invalid=s.penalize_invalid,
-                                      learning_potentials=state.learning_potentials)
-    state.learning_potentials = variant.end_of_cycle(outcomes, state.learning_potentials)
+                                      learning_potentials=trackers, blend=s.blend)
+    if not before:
+        trackers = variant.advance_trackers(outcomes, trackers, pooled=False)
+    state.learning_potentials = trackers
     samples = [dataclasses.replace(d.sample, advantage=float(adv))
                for d, adv, trained in zip(due, result.advantages, result.trained, strict=True)
                if trained]
@@ -329,15 +360,19 @@ def designer_samples_for(
 
 def update_memory(state: HostState, plays: list[EnvPlays]) -> None:
     """Store new environments with their play statistics; refresh replayed ones."""
+    stored = {r.id: r for r in state.memory.records}
     for played in plays:
         env, st = played.env, played.stats
-        if state.memory.has_id(env.env_id):
-            state.memory.update_stats(env.env_id, win_rate=st.win_rate, regret=st.regret,
-                                      r_hint=st.r_hint, r_nohint=st.r_nohint, cycle=state.cycle)
+        if env.env_id in stored:
+            old = stored[env.env_id]  # a cycle without hint plays keeps the last regret
+            state.memory.update_stats(
+                env.env_id, win_rate=st.win_rate, cycle=state.cycle, r_nohint=st.r_nohint,
+                regret=old.regret if st.regret is None else st.regret,
+                r_hint=old.r_hint if st.r_hint is None else st.r_hint)
         else:
             state.memory.add(new_record(env.env_id, env.skill, env.code, cycle=state.cycle,
                                         hint=None if env.hint == ENV_HINT else env.hint,
-                                        win_rate=st.win_rate, regret=st.regret,
+                                        win_rate=st.win_rate, regret=st.regret or 0.0,
                                         r_hint=st.r_hint, r_nohint=st.r_nohint,
                                         doc_id=env.doc_id))
 
@@ -361,12 +396,16 @@ def play_metrics(plays: list[EnvPlays], groups, n_designer, n_agent) -> dict[str
     stats = [p.stats for p in plays]
     out: dict[str, float] = {"samples/designer": n_designer, "samples/agent": n_agent,
                              "envs/played": len(stats)}
-    if stats:
-        regrets = np.array([st.regret for st in stats])
+    with_hint = [st for st in stats if st.regret is not None]
+    if with_hint:
+        regrets = np.array([st.regret for st in with_hint])
         out.update({
             "regret/mean": float(regrets.mean()), "regret/median": float(np.median(regrets)),
-            "regret/se_mean": float(np.mean([st.regret_se for st in stats])),
-            "return/hint": float(np.mean([st.r_hint for st in stats])),
+            "regret/se_mean": float(np.mean([st.regret_se for st in with_hint])),
+            "return/hint": float(np.mean([st.r_hint for st in with_hint])),
+        })
+    if stats:
+        out.update({
             "return/nohint": float(np.mean([st.r_nohint for st in stats])),
             "agent/win_rate": float(np.mean([st.win_rate for st in stats])),
             "episodes/failed": float(sum(st.n_failed for st in stats)),
@@ -379,9 +418,10 @@ def play_metrics(plays: list[EnvPlays], groups, n_designer, n_agent) -> dict[str
         out["agent/turns_mean"] = float(np.mean([e.turns for e in eps]))
         # a hint play shown no hint (none written, empty, or dropped for containing the
         # solution) cannot earn regret
-        hinted = [e for p in plays for e in p.hinted]
-        out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))
-        out["hints/leaked"] = float(sum(e.hint_status == HintStatus.LEAK for e in hinted))
+        hinted = [e for p in plays for e in p.hinted or []]
+        if hinted:
+            out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))
+            out["hints/leaked"] = float(sum(e.hint_status == HintStatus.LEAK for e in hinted))
     return out
 
 

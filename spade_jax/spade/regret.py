@@ -61,52 +61,74 @@ def win_rate(returns: Sequence[float]) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class PlayStats:
-    """Summary of one environment's plays at its regen cycle.
+    """Summary of one environment's plays in one cycle.
 
     ``mean_return`` (the mean no-hint return) is the plateau input of the reward variants;
     ``win_rate`` (share of no-hint plays with return > 0) is what memory stores and retrieves.
+    ``r_hint``, ``regret`` and ``regret_se`` are None in a cycle without hint plays of the
+    environment (`spade.hint_plays_when`).
     """
 
     env_id: str
     skill: str
-    r_hint: float
+    r_hint: float | None
     r_nohint: float
-    regret: float
-    regret_se: float
+    regret: float | None
+    regret_se: float | None
     win_rate: float
     mean_return: float
     n_hint: int
     n_nohint: int
     n_failed: int
 
-    def to_dict(self) -> dict[str, float | int | str]:
+    def to_dict(self) -> dict[str, float | int | str | None]:
         return dataclasses.asdict(self)
+
+
+def _mean_or_zero(values: np.ndarray) -> float:
+    """Mean of the returns, 0 when there are none (reference ``_mean_or_zero``)."""
+    return float(values.mean()) if values.size else 0.0
 
 
 def play_stats(
     env_id: str,
     skill: str,
     returns_nohint: Sequence[float],
-    returns_hint: Sequence[float],
+    returns_hint: Sequence[float] | None,
     n_failed: int = 0,
 ) -> PlayStats:
-    """`PlayStats` from the K no-hint and K hint returns of one environment.
+    """`PlayStats` from the no-hint and hint returns of one environment that count.
 
-    ``n_failed`` counts crashed or timed-out plays (already scored -1 in the returns); it is
-    carried for logging.
+    ``returns_hint`` None: no hint plays this cycle. A side whose plays were all dropped
+    (failed, `spade.failed_plays=drop`) has mean 0, as in the reference. ``n_failed`` counts
+    crashed or timed-out plays; it is carried for logging.
     """
-    nohint = _as_returns(returns_nohint, f"no-hint returns of {env_id}")
-    hint = _as_returns(returns_hint, f"hint returns of {env_id}")
+    nohint = np.asarray(returns_nohint, np.float64).reshape(-1)
+    if not np.all(np.isfinite(nohint)):
+        raise ValueError(f"no-hint returns of {env_id} contain non-finite returns: "
+                         f"{nohint.tolist()}")
+    r_nohint = _mean_or_zero(nohint)
+    r_hint = regret_value = regret_se = None
+    n_hint = 0
+    if returns_hint is not None:
+        hint = np.asarray(returns_hint, np.float64).reshape(-1)
+        if not np.all(np.isfinite(hint)):
+            raise ValueError(f"hint returns of {env_id} contain non-finite returns: "
+                             f"{hint.tolist()}")
+        r_hint, n_hint = _mean_or_zero(hint), int(hint.size)
+        regret_value = r_hint - r_nohint
+        regret_se = (regret_standard_error(hint, nohint) if hint.size and nohint.size
+                     else math.nan)
     return PlayStats(
         env_id=env_id,
         skill=skill,
-        r_hint=float(hint.mean()),
-        r_nohint=float(nohint.mean()),
-        regret=regret(hint, nohint),
-        regret_se=regret_standard_error(hint, nohint),
-        win_rate=win_rate(nohint),
-        mean_return=float(nohint.mean()),
-        n_hint=int(hint.size),
+        r_hint=r_hint,
+        r_nohint=r_nohint,
+        regret=regret_value,
+        regret_se=regret_se,
+        win_rate=float(np.mean(nohint > 0)) if nohint.size else 0.0,
+        mean_return=r_nohint,
+        n_hint=n_hint,
         n_nohint=int(nohint.size),
         n_failed=int(n_failed),
     )

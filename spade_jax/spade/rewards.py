@@ -4,10 +4,12 @@ The mathematics reproduces the reference (`spade-rl/spade`: `spade/core/utils/re
 `spade/core/utils/delayed_env_rewards.py`, `spade/core/learning_potential.py`):
 
 * the Agent's episode return is outcome-only: ``clip(last_reward, -1, 1)`` if the episode
-  terminated, else 0; a crashed or timed-out episode scores -1;
+  terminated, else 0; a crashed or timed-out episode is dropped (reference) or scores -1
+  (`FailedPlays`);
 * a Designer sample gets a *raw* reward from one of four variants (``regret``, ``blend``,
-  ``solve_rate``, ``learning_potential``), or a fixed penalty (step timeout -0.5, invalid
-  generation -1 when ``penalize_invalid``);
+  ``solve_rate``, ``learning_potential``; blend's weights, band, ramp and regret scale are
+  `BlendParams`), or a fixed penalty (step timeout -0.5, invalid generation -1 when
+  ``penalize_invalid``; the reference never trains an invalid design);
 * raw rewards are centred per skill (mean only, no std: a small-batch std blows rewards up)
   and multiplied by the role scale ``s = min(N_agent / N_designer * regen_interval, 50)``,
   which compensates for Designer samples being rare.
@@ -26,6 +28,41 @@ import numpy as np
 STEP_TIMEOUT_PENALTY = -0.5
 INVALID_GENERATION_PENALTY = -1.0
 FAILED_EPISODE_RETURN = -1.0
+
+
+class FailedPlays(enum.StrEnum):
+    """What a crashed or timed-out play counts for: DROP (reference ``play_games_async``: it is
+    left out of the Agent's normalisation, its training and the environment's statistics) or
+    SCORE (it scores `FAILED_EPISODE_RETURN` and is trained like any play)."""
+
+    DROP = "drop"
+    SCORE = "score"
+
+    def kept(self, episodes: Sequence[Any]) -> list[Any]:
+        """The plays (objects with ``.failed``) that count under this mode."""
+        return [e for e in episodes if not (self is FailedPlays.DROP and e.failed)]
+
+
+class LPUpdate(enum.StrEnum):
+    """When the ``learning_potential`` trackers advance in a cycle that scores Designer samples.
+
+    BEFORE_SCORING (reference, delayed mode): each skill's tracker first takes the mean of all
+    pooled window plays of that skill, then the samples are scored against it.
+    AFTER_SCORING: samples are scored against the previous tracker, which then takes the mean
+    of the skill's per-environment win rates.
+    """
+
+    BEFORE_SCORING = "before_scoring"
+    AFTER_SCORING = "after_scoring"
+
+
+class RoleScaleCounts(enum.StrEnum):
+    """What `role_scale` counts. VALID (reference ``compute_env_reward_scale`` call): Designer
+    samples of valid environments and Agent samples of designed environments (not memory
+    replays). TRAINED: every trained Designer sample and every Agent sample."""
+
+    VALID = "valid"
+    TRAINED = "trained"
 
 
 class DesignerStatus(enum.StrEnum):
@@ -61,14 +98,14 @@ class RewardVariant(enum.StrEnum):
 
     def score(self, outcome: DesignerOutcome,
               learning_potentials: Mapping[str, LearningPotentialState] | None,
-              regret_floor: bool) -> float:
+              blend: BlendParams) -> float:
         """Raw reward of a played (status ok) sample."""
         if self is RewardVariant.REGRET:
             return regret_reward(outcome.regret)
         if self is RewardVariant.BLEND:
-            return blend_reward(outcome.regret, outcome.win_rate, regret_floor=regret_floor)
+            return blend.reward(outcome.regret, outcome.win_rate)
         if self is RewardVariant.SOLVE_RATE:
-            return solve_rate_reward(outcome.win_rate)
+            return solve_rate_reward(outcome.win_rate, blend)
         if learning_potentials is None or outcome.skill not in learning_potentials:
             raise ValueError(
                 f"variant 'learning_potential' needs a tracker for skill {outcome.skill!r}")
@@ -90,17 +127,23 @@ class RewardVariant(enum.StrEnum):
                 out.setdefault(o.skill, LearningPotentialState())
         return out
 
-    def end_of_cycle(self, outcomes: Sequence[DesignerOutcome],
-                     trackers: Mapping[str, LearningPotentialState]
-                     ) -> dict[str, LearningPotentialState]:
-        """The trackers after a cycle's scoring: each played skill's tracker advances once
-        with its mean win rate, as the reference (unchanged for the other variants)."""
+    def advance_trackers(self, outcomes: Sequence[DesignerOutcome],
+                         trackers: Mapping[str, LearningPotentialState], *, pooled: bool
+                         ) -> dict[str, LearningPotentialState]:
+        """Each played skill's tracker advanced once (unchanged for the other variants).
+
+        ``pooled`` (reference delayed mode): with the mean of all the skill's window plays,
+        i.e. win rates weighted by their play counts; else with the mean of its win rates.
+        """
         out = dict(trackers)
         if self is not RewardVariant.LEARNING_POTENTIAL:
             return out
-        played = [o for o in outcomes if o.status == DesignerStatus.OK]
-        for skill in {o.skill for o in played}:
-            mean = float(np.mean([o.win_rate for o in played if o.skill == skill]))
+        played = [o for o in outcomes if o.status == DesignerStatus.OK
+                  and (o.n_plays > 0 or not pooled)]
+        for skill in dict.fromkeys(o.skill for o in played):
+            mine = [o for o in played if o.skill == skill]
+            weights = [o.n_plays for o in mine] if pooled else None
+            mean = float(np.average([o.win_rate for o in mine], weights=weights))
             out[skill] = update_learning_potential(out[skill], mean)
         return out
 
@@ -154,8 +197,13 @@ def blend_reward(
     regret_weight: float = 0.4,
     regret_scale: float = 0.15,
     regret_floor: bool = True,
+    plateau_lo: float = 0.4,
+    plateau_hi: float = 0.6,
+    plateau_ramp: float = 0.25,
 ) -> float:
-    """Variant ``blend`` (released default): ``0.6*plateau(win) + 0.4*clip(regret/0.15, 0, 1)``.
+    """Variant ``blend`` (released default): ``0.6*plateau(win) + 0.4*clip(regret/0.15, 0, 1)``
+    with the plateau band [0.4, 0.6] and ramp 0.25 (reference ``recompute_delayed_env_rewards
+    _blend``; every constant is a parameter, `BlendParams` in a run).
 
     The plateau term selects the difficulty band, the normalised regret term ranks the in-band
     environments by how much the hint helps. ``regret_scale`` 0.15 is about the standard error
@@ -166,12 +214,46 @@ def blend_reward(
     normalised_regret = float(regret) / regret_scale
     if regret_floor:
         normalised_regret = min(1.0, max(0.0, normalised_regret))
-    return plateau_weight * plateau(win_rate) + regret_weight * normalised_regret
+    return (plateau_weight * plateau(win_rate, plateau_lo, plateau_hi, plateau_ramp)
+            + regret_weight * normalised_regret)
 
 
-def solve_rate_reward(win_rate: float) -> float:
-    """Variant ``solve_rate`` (ablation): the plateau term alone."""
-    return plateau(win_rate)
+@dataclasses.dataclass(frozen=True)
+class BlendParams:
+    """The blend reward's constants (config ``spade.blend``); the defaults are the reference
+    games recipes' (`cmd/games/train_spade_30b.sh`); its 4B second phase uses the band
+    [0.2, 0.4] with ramp 0.2."""
+
+    plateau_weight: float = 0.6
+    regret_weight: float = 0.4
+    regret_scale: float = 0.15
+    regret_floor: bool = True
+    plateau_lo: float = 0.4
+    plateau_hi: float = 0.6
+    plateau_ramp: float = 0.25
+
+    def reward(self, regret: float, win_rate: float) -> float:
+        """`blend_reward` with these constants."""
+        return blend_reward(regret, win_rate, **dataclasses.asdict(self))
+
+    def plateau(self, win_rate: float) -> float:
+        """`plateau` with this band and ramp."""
+        return plateau(win_rate, self.plateau_lo, self.plateau_hi, self.plateau_ramp)
+
+    def problems(self) -> list[str]:
+        out = []
+        if not 0.0 <= self.plateau_lo <= self.plateau_hi <= 1.0:
+            out.append(f"plateau_lo={self.plateau_lo}, plateau_hi={self.plateau_hi}: need "
+                       "0 <= plateau_lo <= plateau_hi <= 1")
+        for key in ("plateau_ramp", "regret_scale"):
+            if getattr(self, key) <= 0:
+                out.append(f"{key}={getattr(self, key)} must be > 0")
+        return out
+
+
+def solve_rate_reward(win_rate: float, blend: BlendParams = BlendParams()) -> float:
+    """Variant ``solve_rate`` (ablation): the plateau term alone, with the blend's band."""
+    return blend.plateau(win_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,13 +330,15 @@ class DesignerOutcome:
 
     ``status`` is ``ok`` (validated and played), ``step_timeout`` (an env call timed out;
     the env is blacklisted) or ``invalid`` (the generation failed validation). ``win_rate`` is
-    the mean Agent return over the window (plateau input); ``regret`` is unfloored.
+    the mean Agent return over the window (plateau input), over ``n_plays`` plays; ``regret``
+    is unfloored.
     """
 
     skill: str
     status: DesignerStatus = DesignerStatus.OK
     regret: float = 0.0
     win_rate: float = 0.0
+    n_plays: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in tuple(DesignerStatus):
@@ -278,18 +362,15 @@ def raw_designer_reward(
     variant: RewardVariant | str,
     *,
     learning_potentials: Mapping[str, LearningPotentialState] | None = None,
-    regret_floor: bool = True,
+    blend: BlendParams = BlendParams(),
 ) -> float:
-    """Raw reward of one Designer sample: a penalty for failures, else the variant's value.
-
-    ``regret_floor`` is passed to `blend_reward` (reference ``--spade-regret-floor``, on in
-    the recipe).
-    """
+    """Raw reward of one Designer sample: a penalty for failures, else the variant's value
+    (``blend`` and ``solve_rate`` with the constants of ``blend``)."""
     variant = RewardVariant.parse(variant)
     penalty = outcome.status.penalty
     if penalty is not None:
         return penalty
-    return variant.score(outcome, learning_potentials, regret_floor)
+    return variant.score(outcome, learning_potentials, blend)
 
 
 def role_scale(
@@ -333,22 +414,20 @@ def designer_rewards(
     *,
     penalize_invalid: bool = True,
     learning_potentials: Mapping[str, LearningPotentialState] | None = None,
-    regret_floor: bool = True,
+    blend: BlendParams = BlendParams(),
 ) -> DesignerRewards:
     """Raw rewards, training mask and advantages ``(raw - skill mean) * scale`` of a batch.
 
     A sample is not trained when it is ``invalid`` and ``penalize_invalid`` is off (the
     reference retries silently and emits no sample), or, for ``blend``, when its raw reward
-    is negative, which needs ``regret_floor=False`` (reference mask against the
+    is negative, which needs ``blend.regret_floor=False`` (reference mask against the
     difficulty-easing death spiral: a negative sample centred back up would get a positive
     advantage). Penalties (timeout, invalid) are kept and centred with their skill.
     """
     variant = RewardVariant.parse(variant)
     raw = np.array(
         [
-            raw_designer_reward(
-                o, variant, learning_potentials=learning_potentials, regret_floor=regret_floor
-            )
+            raw_designer_reward(o, variant, learning_potentials=learning_potentials, blend=blend)
             for o in outcomes
         ],
         dtype=np.float64,

@@ -80,6 +80,21 @@ class Episode:
         return rewards.episode_return(self.rewards, self.terminated, failed=self.failed)
 
 
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """How one kind of generation samples: temperature, top-p, top-k (0: off) and the token
+    budget of one answer (one turn for the Agent)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+
+    def decode_kwargs(self) -> dict:
+        """The keyword arguments `Session.decode` takes for these settings."""
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+
 def conversation_capacity(max_turns: int, max_new_tokens: int, max_context: int) -> int:
     """KV-cache slots of one Agent conversation: the prompt budget plus, per turn, the Agent's
     answer and an observation budget; capped by `max_context`."""
@@ -154,8 +169,7 @@ def play_episodes(
     chat: ChatFormat,
     system_prompt: str,
     max_turns: int,
-    max_new_tokens: int,
-    temperature: float,
+    decoding: Decoding,
     seed: int,
     capacity: int,
     max_observation_tokens: int = OBSERVATION_BUDGET,
@@ -165,10 +179,12 @@ def play_episodes(
 
     `sampler` is a `spade_jax.sampling.Sampler`; all episodes share one session (one KV cache
     of `capacity` slots). An observation longer than about `max_observation_tokens` is cut; a row
-    whose next observation no longer fits in the cache ends with status 'context_full'. Turn t
+    whose next observation no longer fits in the cache ends with status 'context_full'. Every
+    turn samples with `decoding` (its `max_new_tokens` per turn). Turn t
     samples with `derive_seed(seed, "turn", t)`, so `seed` may be any seed in [0, 2**31).
     """
     phase = timer.phase if timer is not None else (lambda _name: contextlib.nullcontext())
+    max_new_tokens = decoding.max_new_tokens
     n = len(specs)
     with phase("env"):
         starts = envs.reset_many(specs)
@@ -193,7 +209,7 @@ def play_episodes(
         if not rows:
             break
         with phase("sampling"):
-            outputs = session.decode(max_new_tokens, temperature=temperature,
+            outputs = session.decode(max_new_tokens, **decoding.decode_kwargs(),
                                      stop_token_ids=[chat.eos_id],
                                      seed=derive_seed(seed, "turn", turn),
                                      active=[not d for d in done])

@@ -2,9 +2,9 @@
 (sandboxed environments). `loop.py` only talks to a Runtime, so it stays free of JAX.
 
     rt = Runtime.create(run)          # run: the RunConfig (spade_jax.config.parse)
-    rt.generate(messages_list, ...)   # one-shot generation (Designer code, self hints)
+    rt.generate(messages_list, dec)   # one-shot generation (Designer code, self hints)
     rt.validate_many(texts)           # the validation gate, in the sandbox
-    rt.play(specs, seed=...)          # multi-turn Agent episodes on a live KV cache
+    rt.play(specs, dec, seed=...)     # multi-turn Agent episodes on a live KV cache
     rt.train(samples)                 # one policy-gradient step on the shared weights
 """
 
@@ -37,6 +37,7 @@ from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunner
 from spade_jax.spade.rollout import (
     ChatFormat,
+    Decoding,
     EpisodeSpec,
     play_episodes,
 )
@@ -105,14 +106,13 @@ class Runtime:
         return cls(run, model, tokenizer, mesh)
 
     # ------------------------------------------------------------------ generation and play
-    def generate(self, messages_list, *, temperature: float, max_new_tokens: int,
-                 seed: int) -> list[Completion]:
-        """One answer per chat prompt, sampled on one KV cache."""
+    def generate(self, messages_list, decoding: Decoding, *, seed: int) -> list[Completion]:
+        """One answer per chat prompt, sampled on one KV cache with a role's `decoding`."""
         prompt_ids = [self.chat.prompt(m) for m in messages_list]
-        capacity = max(len(p) for p in prompt_ids) + max_new_tokens + 1
+        capacity = max(len(p) for p in prompt_ids) + decoding.max_new_tokens + 1
         with self.timer.phase("sampling"):
             session = self.sampler.start(prompt_ids, capacity=capacity)
-            outputs = session.decode(max_new_tokens, temperature=temperature,
+            outputs = session.decode(decoding.max_new_tokens, **decoding.decode_kwargs(),
                                      stop_token_ids=[self.chat.eos_id], seed=seed)
         self._generated_tokens += sum(len(o.tokens) for o in outputs)
         return [Completion(self.tokenizer.decode(o.tokens, skip_special_tokens=True),
@@ -122,7 +122,8 @@ class Runtime:
         """The validation gate on one Designer response, in this process's sandbox."""
         with self.timer.phase("env"):
             return validate(text, max_turns=self.run.spade.max_turns, pool=self.validation_pool,
-                            tool_use=self.game_type.is_tool_use)
+                            tool_use=self.game_type.is_tool_use,
+                            liveness_budget_s=self.run.sandbox.validation_timeout_s)
 
     def validate_many(self, texts: list[str]) -> list[ValidationReport]:
         """`validate` of every response, each run by one process and shared with all.
@@ -133,14 +134,14 @@ class Runtime:
         return map_over_processes(self.validate, texts, encode=ValidationReport.to_json,
                                   decode=ValidationReport.from_json)
 
-    def play(self, specs: list[EpisodeSpec], *, seed: int):
-        s, smp = self.run.spade, self.run.sampling
+    def play(self, specs: list[EpisodeSpec], decoding: Decoding, *, seed: int):
+        """Multi-turn Agent episodes of `specs`, every turn sampled with `decoding`."""
+        s = self.run.spade
         capacity = self.run.play_context
         episodes = play_episodes(
             specs, sampler=self.sampler, envs=self.envs, chat=self.chat,
             system_prompt=s.game_type.agent_system_prompt, max_turns=s.max_turns,
-            max_new_tokens=smp.agent_max_new_tokens, temperature=smp.agent_temperature,
-            seed=seed, capacity=capacity, timer=self.timer)
+            decoding=decoding, seed=seed, capacity=capacity, timer=self.timer)
         self._generated_tokens += sum(e.generated_tokens for e in episodes)
         return episodes
 

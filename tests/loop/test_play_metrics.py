@@ -33,22 +33,36 @@ def test_hint_plays_shown_no_hint_are_counted_by_reason():
 
 
 def test_play_pool_pairs_each_envs_plays_by_seed():
+    """K no-hint plays of every env; K_hint hint plays only of the hinted ones, play i < K on
+    no-hint play i's seed; every play sampled with the Agent's decoding."""
     from types import SimpleNamespace
 
     from spade_jax.spade.loop import play_pool
+    from spade_jax.spade.rewards import FailedPlays
+    from spade_jax.spade.rollout import Decoding
 
-    def play(specs, seed):  # an episode per spec that remembers what it was asked to play
+    asked = []
+
+    def play(specs, decoding, seed):  # an episode per spec that remembers what it was asked
+        asked.append(decoding)
         return [Episode(s, np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.float32),
                         [float(s.hint is not None)], True, "ok", 1, 1, hint=s.hint)
                 for s in specs]
 
     envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0, hint=f"h{i}")
             for i in range(2)]
-    plays = play_pool(SimpleNamespace(play=play), 3, 0, 4, envs)
+    spade = SimpleNamespace(plays_per_env=3, hint_plays_per_env=5, failed_plays=FailedPlays.DROP)
+    agent = Decoding(0.6, 0.95, 20, 8)
+    plays = play_pool(SimpleNamespace(play=play), spade, agent, 0, 4, envs, {"env0"})
+    assert asked == [agent]
     assert [p.env for p in plays] == envs
-    for p in plays:
-        assert [e.spec.env_id for e in p.episodes] == [p.env.env_id] * 6
-        assert [e.spec.hint for e in p.nohint] == [None] * 3
-        assert [e.spec.hint for e in p.hinted] == [p.env.hint] * 3
-        assert [e.spec.seed for e in p.nohint] == [e.spec.seed for e in p.hinted]
-        assert p.stats.r_nohint == 0.0 and p.stats.r_hint == 1.0 and p.stats.n_hint == 3
+    hinted, plain = plays
+    assert [e.spec.env_id for e in hinted.episodes] == ["env0"] * 8
+    assert [e.spec.hint for e in hinted.nohint] == [None] * 3
+    assert [e.spec.hint for e in hinted.hinted] == ["h0"] * 5
+    assert [e.spec.seed for e in hinted.nohint] == [e.spec.seed for e in hinted.hinted][:3]
+    assert len({e.spec.seed for e in hinted.hinted}) == 5
+    assert hinted.stats.r_nohint == 0.0 and hinted.stats.r_hint == 1.0
+    assert hinted.stats.n_hint == 5
+    assert plain.hinted is None and [e.spec.hint for e in plain.episodes] == [None] * 3
+    assert plain.stats.r_hint is None and plain.stats.regret is None and plain.stats.n_hint == 0

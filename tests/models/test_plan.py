@@ -67,12 +67,14 @@ def test_rollout_check_passes_the_cpu_default_and_refuses_too_many_plays():
 
     cfg = load_config_file("smollm2_135m")
     check_rollout_fits(parse(cfg), 1, 24 * GIB)  # the README's main job on a 24 GiB laptop
-    # 64 x 2 x 3 = 384 conversations; each 2 x 30 layers x 4096 x 3 kv heads x 64 x 4 B = 180 MiB
-    cfg.spade.plays_per_env = 64
+    # (64 + 64) x 3 = 384 conversations; each 2 x 30 layers x 4096 x 3 kv heads x 64 x 4 B
+    # = 180 MiB
+    cfg.spade.plays_per_env = cfg.spade.hint_plays_per_env = 64
     with pytest.raises(ConfigError) as err:
         check_rollout_fits(parse(cfg), 1, 24 * GIB)
     message = str(err.value)
-    assert "spade.plays_per_env=64" in message and "384 conversations" in message
+    assert "spade.plays_per_env=64 + spade.hint_plays_per_env=64" in message
+    assert "384 conversations" in message
     assert "need 67.5 GiB of KV cache" in message and "1.5 GiB of parameters" in message
     assert "At most 127 conversations fit" in message  # (24 GiB - 1.5 GiB) / 180 MiB = 127.98
 

@@ -35,8 +35,10 @@ def test_play_stats():
     assert stats.win_rate == 0.25 and stats.mean_return == 0.25
     assert (stats.n_hint, stats.n_nohint, stats.n_failed) == (4, 4, 1)
     assert stats.to_dict()["env_id"] == "env0"
-    with pytest.raises(ValueError, match="empty"):
-        G.play_stats("env1", "Optimization", [], [1])
+    empty = G.play_stats("env1", "Optimization", [], [1])  # every no-hint play dropped
+    assert (empty.r_nohint, empty.regret, empty.n_nohint) == (0.0, 1.0, 0)
+    unhinted = G.play_stats("env2", "Optimization", [1, 0], None)  # no hint plays this cycle
+    assert unhinted.r_hint is None and unhinted.regret is None and unhinted.n_hint == 0
 
 
 def test_window_matched_timing_vs_accumulated():

@@ -98,7 +98,8 @@ def test_designer_rewards_blend_and_mask():
     floored = R.designer_rewards(outcomes, "blend", scale=1.0)
     np.testing.assert_allclose(floored.raw, [1.0, 0.0, 0.0])
     assert floored.trained.all()
-    unfloored = R.designer_rewards(outcomes, "blend", scale=1.0, regret_floor=False)
+    unfloored = R.designer_rewards(outcomes, "blend", scale=1.0,
+                                    blend=R.BlendParams(regret_floor=False))
     np.testing.assert_allclose(unfloored.raw, [1.4, 0.0, -0.8])  # 0.6 + 0.4 * 0.3/0.15
     assert unfloored.trained.tolist() == [True, True, False]
     np.testing.assert_allclose(unfloored.advantages, [0.7, -0.7, 0.0])

@@ -48,6 +48,7 @@ class SandboxConfig:
     reply_cap_bytes: int = 2 << 20
     max_code_bytes: int = 512 << 10
     step_timeout_s: float = 5.0
+    validation_timeout_s: float = 60.0  # the gate's random-action run (validate, V6)
     start_timeout_s: float = 30.0
     use_bwrap: bool = True
     use_seccomp: bool = True
@@ -58,6 +59,8 @@ class SandboxConfig:
         """What is wrong with these settings, one message per problem (key names as in config)."""
         out = [] if self.step_timeout_s > 0 else [f"step_timeout_s={self.step_timeout_s} "
                                                    "must be > 0"]
+        if self.validation_timeout_s <= 0:
+            out.append(f"validation_timeout_s={self.validation_timeout_s} must be > 0")
         if self.warm_workers < 0:
             out.append(f"warm_workers={self.warm_workers} must be >= 0")
         return out

@@ -1,0 +1,53 @@
+"""Every sampling knob of every role (Designer, hint, Agent) reaches `Session.decode`."""
+
+from spade_jax.config import load_config_file
+from spade_jax.spade.driver import run_training
+from spade_jax.spade.prompts import GAME_HINT_SYSTEM_PROMPT
+from tests.loop import pin
+
+KNOBS = ("temperature", "top_p", "top_k")
+SETTINGS = {  # distinct values per role, none of them a default
+    "designer": dict(temperature=0.51, top_p=0.91, top_k=7, max_new_tokens=4096),
+    "hint": dict(temperature=0.52, top_p=0.82, top_k=5, max_new_tokens=24),
+    "agent": dict(temperature=0.53, top_p=0.73, top_k=3, max_new_tokens=12),
+}
+
+
+class RecordingSampler(pin.ScriptedSampler):
+    """The pin's scripted sampler, noting each decode call's role and settings."""
+
+    def __init__(self, tokenizer, seed_envs):
+        super().__init__(tokenizer, seed_envs)
+        self.calls = []
+
+    def start(self, prompts, *, capacity):
+        session = super().start(prompts, capacity=capacity)
+        first = session.prompt_texts[0]
+        role = ("designer" if pin.DESIGNER_MARKER in first
+                else "hint" if GAME_HINT_SYSTEM_PROMPT.strip()[:60] in first else "agent")
+        decode = session.decode
+
+        def recording_decode(max_new_tokens, **kwargs):
+            self.calls.append((role, max_new_tokens, {k: kwargs[k] for k in KNOBS}))
+            return decode(max_new_tokens, **kwargs)
+
+        session.decode = recording_decode
+        return session
+
+
+def test_each_roles_sampling_settings_reach_the_sampler(tmp_path, tiny_runtime, monkeypatch):
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 1
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.hint_mode = "self"  # the policy writes the hints: a third kind of generation
+    for role, values in SETTINGS.items():
+        for key, value in values.items():
+            cfg.sampling[f"{role}_{key}"] = value
+    sampler = RecordingSampler(tiny_runtime.tokenizer, tiny_runtime.seed_envs)
+    monkeypatch.setattr(tiny_runtime, "sampler", sampler)
+    run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    assert {role for role, _, _ in sampler.calls} == set(SETTINGS)
+    for role, max_new_tokens, knobs in sampler.calls:
+        want = SETTINGS[role]
+        assert knobs == {k: want[k] for k in KNOBS}, role
+        assert max_new_tokens == want["max_new_tokens"], role
