@@ -165,9 +165,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.corpus = ml_collections.ConfigDict(dict(source="stdlib", max_words=6000, data_dir=""))
 
     # step_timeout_s: seconds one environment call (reset or step) may run before the play
-    # ends; validation_timeout_s: seconds the gate's random-action run may take (reference 60)
+    # ends; play_timeout_s: seconds all of one play's environment calls may take together
+    # (the reference's 300 s per game; generation is batched across plays, so it is not
+    # counted); validation_timeout_s: seconds the gate's random-action run may take (60)
     c.sandbox = ml_collections.ConfigDict(dict(allow_unsafe=False, warm_workers=8,
-                                               step_timeout_s=30.0, validation_timeout_s=60.0))
+                                               step_timeout_s=30.0, play_timeout_s=300.0,
+                                               validation_timeout_s=60.0))
 
     c.checkpoint_every = 1
     c.keep_checkpoints = 3

@@ -63,6 +63,26 @@ def test_failures_are_results_not_exceptions(pool):
     assert broken.status == "crashed" and "SyntaxError" in broken.error
 
 
+def test_a_play_past_its_environment_budget_times_out():
+    """Each step takes 0.4 s, well inside the 3 s step limit, but the play's 1 s budget for all
+    its environment calls runs out by the third step."""
+    import dataclasses
+
+    from spade_jax.envs.sandbox import EnvPool
+    from tests.envs.conftest import TEST_CONFIG
+
+    slow = COUNTER.replace("        self.n += 1\n",
+                           "        self.n += 1\n        __import__('time').sleep(0.4)\n")
+    assert slow != COUNTER
+    with EnvPool(dataclasses.replace(TEST_CONFIG, play_timeout_s=1.0), warm=1) as budgeted:
+        handle = budgeted.start(slow, seed=100).handle
+        results = [budgeted.step(handle, "\\boxed{up}") for _ in range(4)]
+    statuses = [r.status for r in results]
+    assert statuses[:2] == ["ok", "ok"] and "timeout" in statuses, statuses
+    timed_out = next(r for r in results if r.status == "timeout")
+    assert "sandbox.play_timeout_s" in timed_out.error, timed_out.error
+
+
 def test_truncation_after_max_turns(pool):
     first = pool.start(case("good_guess"), seed=0, max_turns=3)
     results = [pool.step(first.handle, "\\boxed{5}") for _ in range(3)]

@@ -35,6 +35,7 @@ REFERENCE_DEFAULTS = {
     "spade.blend.plateau_lo": 0.4, "spade.blend.plateau_hi": 0.6,
     "spade.blend.plateau_ramp": 0.25,
     "sandbox.step_timeout_s": 30.0, "sandbox.validation_timeout_s": 60.0,
+    "sandbox.play_timeout_s": 300.0,
     "train.kl_coef": 0.0, "spade.replay_per_cycle": 0, "memory.mode": "fifo",
     "memory.capacity": 200, "corpus.max_words": 6000, "spade.matched_timing": True,
     "spade.reward_variant": "blend", "spade.hint_mode": "self",

@@ -48,6 +48,7 @@ class SandboxConfig:
     reply_cap_bytes: int = 2 << 20
     max_code_bytes: int = 512 << 10
     step_timeout_s: float = 5.0
+    play_timeout_s: float = 300.0  # environment seconds one episode may spend in all
     validation_timeout_s: float = 60.0  # the gate's random-action run (validate, V6)
     start_timeout_s: float = 30.0
     use_bwrap: bool = True
@@ -57,8 +58,8 @@ class SandboxConfig:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one message per problem (key names as in config)."""
-        out = [] if self.step_timeout_s > 0 else [f"step_timeout_s={self.step_timeout_s} "
-                                                   "must be > 0"]
+        out = [f"{key}={getattr(self, key)} must be > 0"
+               for key in ("step_timeout_s", "play_timeout_s") if getattr(self, key) <= 0]
         if self.validation_timeout_s <= 0:
             out.append(f"validation_timeout_s={self.validation_timeout_s} must be > 0")
         if self.warm_workers < 0:

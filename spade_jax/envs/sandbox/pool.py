@@ -12,9 +12,10 @@ Usage (the SPADE loop's view):
 Every environment lives in its own worker process (see `worker.py`); `start` takes a pre-started
 worker from the warm pool, sends the code, instantiates the class and resets it. Results are
 values, never exceptions: `status` is "ok", "crashed" (the environment raised, broke the
-contract, exited or violated the protocol) or "timeout" (a call ran past its wall limit; the
-worker's process group was killed). A crashed or timed-out episode is over: its worker is gone
-and further calls on the handle return "crashed" at once. `call` also returns "error" when a
+contract, exited or violated the protocol) or "timeout" (a call ran past its wall limit, or the
+episode's calls together past `play_timeout_s`; the worker's process group was killed). A
+crashed or timed-out episode is over: its worker is gone and further calls on the handle return
+"crashed" at once. `call` also returns "error" when a
 method raised but the worker is still alive. After `max_turns` steps a non-terminated episode
 reports `truncated=True`, as gymnasium's TimeLimit does.
 """
@@ -101,6 +102,7 @@ class _Episode:
     max_turns: int
     turns: int = 0
     ended: str = ""
+    env_seconds: float = 0.0  # wall time its calls have taken (capped by play_timeout_s)
 
 
 @dataclasses.dataclass
@@ -110,6 +112,7 @@ class _Job:
     requests: list[dict]
     timeout_s: float
     sent: int = 0
+    sent_at: float = 0.0
     deadline: float = math.inf
     replies: list[dict] = dataclasses.field(default_factory=list)
     status: str = ""
@@ -246,7 +249,9 @@ class EnvPool:
             self._fail(job, CRASHED, f"worker pipe closed: {exc}")
             return
         job.sent += 1
-        job.deadline = time.monotonic() + job.timeout_s
+        job.sent_at = time.monotonic()
+        left = self.config.play_timeout_s - job.episode.env_seconds
+        job.deadline = job.sent_at + min(job.timeout_s, left)
 
     def _fail(self, job: _Job, status: str, error: str) -> None:
         job.status, job.error = status, error
@@ -268,6 +273,7 @@ class EnvPool:
                     return
                 worker.ready, worker.ready_info = True, reply
             else:
+                job.episode.env_seconds += time.monotonic() - job.sent_at
                 job.replies.append(reply)
                 if not reply["ok"]:
                     job.status, job.error = ERROR, str(reply.get("error", ""))
@@ -312,7 +318,7 @@ class EnvPool:
                 now = time.monotonic()
                 for fd, job in list(active.items()):
                     if not job.status and now >= job.deadline:
-                        self._fail(job, TIMEOUT, f"no reply within {job.timeout_s:g} s")
+                        self._fail(job, TIMEOUT, self._timeout_message(job, now))
                     if job.status:
                         selector.unregister(fd)
                         del active[fd]
@@ -322,6 +328,14 @@ class EnvPool:
                 selector.unregister(fd)
                 self._fail(job, CRASHED, "call abandoned before its reply")
             self._refill()
+
+    def _timeout_message(self, job: _Job, now: float) -> str:
+        """Which limit a timed-out call hit: its own, or the episode's play budget."""
+        if job.episode.worker.ready and job.sent and (
+                job.episode.env_seconds + now - job.sent_at >= self.config.play_timeout_s):
+            return (f"the episode's environment calls took {self.config.play_timeout_s:g} s in "
+                    "all (sandbox.play_timeout_s)")
+        return f"no reply within {job.timeout_s:g} s"
 
     def _call_result(self, job: _Job) -> CallResult:
         reply = job.replies[-1] if job.replies else {}
