@@ -30,6 +30,7 @@ from jax.sharding import AbstractMesh
 
 from spade_jax.cli import parse_flags
 from spade_jax.errors import ConfigError
+from spade_jax.models.attention import ATTENTION_QUERY_CHUNK
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import Remat
@@ -37,17 +38,19 @@ from spade_jax.sharding import MESH_AXES, fit_spec, kv_cache_axes
 
 GIB = 1 << 30
 # name prefix -> (HBM GiB per chip, chips per unit of the name's number)
-TOPOLOGIES = {"v5e": (16, 1.0), "v5litepod": (16, 1.0), "v5p": (95, 0.5), "v6e": (32, 1.0)}
+TOPOLOGIES = {"v4": (32, 0.5), "v5e": (16, 1.0), "v5litepod": (16, 1.0), "v5p": (95, 0.5),
+              "v6e": (32, 1.0)}
 LOGITS_CHUNK = 1024  # tokens per log-prob chunk of the train step (never the full B x T x V)
 
 
 def topology_devices(name: str) -> tuple[int, float]:
-    """(chips, HBM GiB per chip) of a slice name like v5p-64 (v5p counts cores: 2 per chip)."""
-    match = re.fullmatch(r"(v5e|v5litepod|v5p|v6e)-(\d+)", name)
+    """(chips, HBM GiB per chip) of a slice name like v5p-64 (v4 and v5p count cores: 2 per
+    chip)."""
+    match = re.fullmatch(r"(v4|v5e|v5litepod|v5p|v6e)-(\d+)", name)
     if match is None:
         raise ConfigError(
-            f"unknown topology {name!r}: use v5e-N, v5p-N or v6e-N (e.g. v5p-64), or pass "
-            "--devices=N --hbm-gib=G"
+            f"unknown topology {name!r}: use v4-N, v5e-N, v5p-N or v6e-N (e.g. v5p-64), or "
+            "pass --devices=N --hbm-gib=G"
         )
     hbm, chips_per_unit = TOPOLOGIES[match.group(1)]
     return max(1, int(int(match.group(2)) * chips_per_unit)), float(hbm)
@@ -130,9 +133,12 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
         _per_device_elements(x.shape, s, mesh) for x, s in zip(leaves, spec_leaves, strict=True)
     )
 
-    # KV cache [L, B, S, K, Dh] x (k, v), split as the sampler splits it (kv_cache_axes).
-    kv_shape = (cfg.n_layers, shape.rollout_batch, shape.context_len, cfg.n_kv_heads, cfg.head_dim)
+    # KV cache [L, B, S, K, Dh] x (k, v), split as the sampler splits it (kv_cache_axes), its
+    # batch padded to a multiple of the shards as the sampler's Session pads it.
     batch_axes, head_axis = kv_cache_axes(cfg.n_kv_heads, mesh.shape)
+    shards = math.prod(mesh.shape[a] for a in batch_axes)
+    rows = -(-shape.rollout_batch // shards) * shards
+    kv_shape = (cfg.n_layers, rows, shape.context_len, cfg.n_kv_heads, cfg.head_dim)
     kv_spec = (None, batch_axes, None, head_axis, None)
     kv = 2 * _per_device_elements(kv_shape, kv_spec, mesh) * act_bytes
 
@@ -144,15 +150,17 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
     per_token = 4 * cfg.d_model + (3 * cfg.n_heads + 4 * cfg.n_kv_heads) * cfg.head_dim
     per_token += 3 * mlp_width + (cfg.n_experts if cfg.is_moe else 0)
     layer_working_set = tokens * per_token * act_bytes // tensor
-    scores = 2 * seqs * heads * shape.seq_len**2 * 4  # f32 scores and probabilities per layer
+    # f32 scores and probabilities of one query chunk against its keys: the XLA path's forward
+    # and its flash-style backward hold one chunk at a time and keep no scores between them
+    # (splash and cuDNN hold less).
+    attention_scores = 2 * seqs * heads * min(ATTENTION_QUERY_CHUNK, shape.seq_len) * \
+        shape.seq_len * 4
     if Remat(shape.remat).recompute_layers:  # each layer keeps its input; one layer's
         # intermediates live
         activations = cfg.n_layers * tokens * cfg.d_model * act_bytes // tensor
-        activations += layer_working_set + scores
-        attention_scores = scores
+        activations += layer_working_set + attention_scores
     else:
-        activations = cfg.n_layers * (layer_working_set + scores)
-        attention_scores = cfg.n_layers * scores
+        activations = cfg.n_layers * layer_working_set + attention_scores
     vocab_local = cfg.vocab_size // tensor if cfg.vocab_size % tensor == 0 else cfg.vocab_size
     activations += 2 * min(tokens, LOGITS_CHUNK) * vocab_local * 4
     return MemoryPlan(
@@ -169,8 +177,10 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
 
 
 def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> int:
-    """Largest sampler batch (multiple of data*fsdp) whose sampling peak fits `hbm_bytes`."""
-    step = shape.mesh[0] * shape.mesh[1]
+    """Largest sampler batch (a multiple of the axes the KV cache's batch is split over)
+    whose sampling peak fits `hbm_bytes`."""
+    sizes = dict(zip(MESH_AXES, shape.mesh, strict=True))
+    step = math.prod(sizes[a] for a in kv_cache_axes(cfg.n_kv_heads, sizes)[0])
     one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
     per_step = one.kv_cache
     free = hbm_bytes - one.resident
@@ -200,8 +210,8 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
         f"{shape.context_len} tokens",
         f"  activations       {g(plan.activations)}   remat={shape.remat}, micro-batch "
         f"{shape.micro_batch} x {shape.seq_len} tokens{moe}",
-        f"    of which attention scores {g(plan.attention_scores)} (materialised; a flash "
-        "kernel would not store them)",
+        f"    of which attention scores {g(plan.attention_scores)} (one query chunk of "
+        f"{ATTENTION_QUERY_CHUNK} at a time)",
         f"  sampling peak     {g(plan.sampling_peak)}   weights and copies + optimizer + kv cache",
         f"  training peak     {g(plan.training_peak)}   weights and copies + optimizer + "
         "gradients + activations",
@@ -301,7 +311,8 @@ def main(argv) -> None:
     elif FLAGS.devices and FLAGS.hbm_gib:
         n_devices, hbm_gib = FLAGS.devices, FLAGS.hbm_gib
     else:
-        raise ConfigError("pass --topology=v5p-64 (or v5e-N / v6e-N), or --devices=N --hbm-gib=G")
+        raise ConfigError("pass --topology=v5p-64 (or v4-N / v5e-N / v6e-N), or --devices=N "
+                          "--hbm-gib=G")
     from spade_jax.config import parse
 
     cfg, shape = plan_from_config(parse(FLAGS.config), n_devices)
@@ -313,7 +324,7 @@ def _define_flags() -> None:
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "run config file, e.g. configs/30b.py")
-    flags.DEFINE_string("topology", None, "TPU slice: v5e-N, v5p-N (N cores) or v6e-N")
+    flags.DEFINE_string("topology", None, "TPU slice: v4-N, v5p-N (N cores), v5e-N or v6e-N")
     flags.DEFINE_integer("devices", None, "number of devices (instead of --topology)")
     flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB (with --devices)")
     flags.mark_flag_as_required("config")

@@ -19,6 +19,7 @@ def test_topologies():
     assert topology_devices("v5p-64") == (32, 95.0)
     assert topology_devices("v5e-16") == (16, 16.0)
     assert topology_devices("v6e-8") == (8, 32.0)
+    assert topology_devices("v4-128") == (64, 32.0)
     with pytest.raises(ConfigError, match="unknown topology"):
         topology_devices("h100-8")
 

@@ -1,0 +1,91 @@
+"""The smallest TPU slice each recipe fits on, per generation and context, from the memory plan.
+
+    python bench/plan_tables.py [--contexts 8192,16384,32768]
+    python bench/plan_tables.py --devices 8,16,32,64 --contexts 8192    # GPU counts
+
+For every recipe config (4B, 8B, 30B-A3B, 32B) and context length (train.seq_len =
+sampling.max_context), tries power-of-two slices of 4 to 256 chips of v4, v5e, v5p and v6e with
+the config's own mesh rule and rollout batch, and prints a Markdown table per context: the
+smallest slice whose peak (`spade_jax.plan.memory_plan`, the larger of the sampling and the
+training phase) fits in HBM, with that peak per chip; or "none" with the lowest peak seen.
+These are the plan's figures, not a run's: the plan models the code's shapes (see its
+docstring), and `python -m spade_jax.readiness` sets them beside XLA's compiled figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from spade_jax.config import load_config_file, parse
+from spade_jax.errors import ConfigError
+from spade_jax.plan import GIB, TOPOLOGIES, memory_plan, plan_from_config
+
+RECIPES = (("Qwen3-4B", "4b"), ("Qwen3-8B", "8b"), ("Qwen3-30B-A3B", "30b"),
+           ("Qwen3-32B", "32b_dense"))
+GENERATIONS = ("v4", "v5e", "v5p", "v6e")
+CHIPS = (4, 8, 16, 32, 64, 128, 256)
+
+
+def slice_name(generation: str, chips: int) -> str:
+    """The slice's name: v4 and v5p count TensorCores (2 per chip), v5e and v6e chips."""
+    _, chips_per_unit = TOPOLOGIES[generation]
+    return f"{'v5litepod' if generation == 'v5e' else generation}-{int(chips / chips_per_unit)}"
+
+
+def peak_gib(config: str, context: int, devices: int) -> float | None:
+    """The plan's peak GiB per device of `config` at `context` tokens on `devices` devices;
+    None when the config's mesh rule does not divide them."""
+    cfg = load_config_file(config)
+    cfg.train.seq_len = context
+    cfg.sampling.max_context = context
+    try:
+        arch, shape = plan_from_config(parse(cfg), devices)
+    except ConfigError:
+        return None
+    return memory_plan(arch, shape).peak / GIB
+
+
+def smallest_fit(config: str, context: int, generation: str) -> str:
+    """'v5p-16: 69.6 GiB' for the smallest slice that fits, else 'none (≥ X GiB)'."""
+    hbm_gib, _ = TOPOLOGIES[generation]
+    lowest = None
+    for chips in CHIPS:
+        peak = peak_gib(config, context, chips)
+        if peak is None:
+            continue
+        if peak <= hbm_gib:
+            return f"{slice_name(generation, chips)}: {peak:.1f} GiB"
+        lowest = peak if lowest is None else min(lowest, peak)
+    return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", default="8192,16384,32768")
+    parser.add_argument("--devices", default="",
+                        help="e.g. 8,16,32,64: peak GiB per device at each count (GPUs) "
+                             "instead of the TPU tables")
+    args = parser.parse_args()
+    if args.devices:
+        counts = [int(n) for n in args.devices.split(",")]
+        for context in (int(c) for c in args.contexts.split(",")):
+            print(f"\nContext {context} tokens, peak GiB per device:\n")
+            print("| model | " + " | ".join(f"{n} devices" for n in counts) + " |")
+            print("|---" * (len(counts) + 1) + "|")
+            for label, config in RECIPES:
+                peaks = [peak_gib(config, context, n) for n in counts]
+                cells = " | ".join("—" if p is None else f"{p:.1f}" for p in peaks)
+                print(f"| {label} | {cells} |")
+        return
+    for context in (int(c) for c in args.contexts.split(",")):
+        print(f"\nContext {context} tokens:\n")
+        heads = " | ".join(f"{g} ({TOPOLOGIES[g][0]} GiB/chip)" for g in GENERATIONS)
+        print(f"| model | {heads} |")
+        print("|---" * (len(GENERATIONS) + 1) + "|")
+        for label, config in RECIPES:
+            cells = " | ".join(smallest_fit(config, context, g) for g in GENERATIONS)
+            print(f"| {label} (`{config}.py`) | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
