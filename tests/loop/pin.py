@@ -91,28 +91,34 @@ class ScriptedSession:
 
 
 class ScriptedSampler:
-    """Stands in for `Runtime.sampler`: Designer prompts get a seed environment solvable within
-    the tiny config's 3 turns (one per call, made new to the memory by a constant), Agent prompts
-    an answer chosen by (seed, row)."""
+    """Stands in for `Runtime.sampler`: a prompt holding `designer_marker` gets the next of
+    `designs` (each made new to the memory by a constant), any other prompt (the Agent's) an
+    answer of `agent_answers` chosen by (seed, row)."""
 
-    def __init__(self, tokenizer, seed_envs):
+    def __init__(self, tokenizer, designs, *, designer_marker=DESIGNER_MARKER,
+                 agent_answers=AGENT_ANSWERS):
         self.tokenizer = tokenizer
-        self.codes = [e.code for e in sorted(seed_envs, key=lambda e: e.name)
-                      if e.name.endswith(SHORT_SEED_ENVS)]
+        self.codes, self.marker, self.answers = list(designs), designer_marker, agent_answers
         self.designs = 0
 
     def answer(self, prompt: str, row: int, seed: int) -> str:
-        if DESIGNER_MARKER in prompt:
+        if self.marker in prompt:
             code = self.codes[self.designs % len(self.codes)]
             self.designs += 1
             return f"```python\n{code}\nDESIGN_ID = {self.designs}\n```"
-        return AGENT_ANSWERS[(seed + row) % len(AGENT_ANSWERS)]
+        return self.answers[(seed + row) % len(self.answers)]
 
     def start(self, prompts, *, capacity: int) -> ScriptedSession:
         return ScriptedSession(self.tokenizer, self.answer, prompts, capacity)
 
     def set_params(self, params) -> None:
         """The answers are scripted: new weights change nothing."""
+
+
+def short_seed_codes(seed_envs) -> list[str]:
+    """The seed games solvable within the tiny config's 3 turns, in name order."""
+    return [e.code for e in sorted(seed_envs, key=lambda e: e.name)
+            if e.name.endswith(SHORT_SEED_ENVS)]
 
 
 def observe(workdir: Path) -> dict:
@@ -136,7 +142,7 @@ def run_pinned(workdir: Path) -> dict:
     cfg = pin_config()
     rt = Runtime.create(parse(cfg, jax.device_count()))
     try:
-        rt.sampler = ScriptedSampler(rt.tokenizer, rt.seed_envs)
+        rt.sampler = ScriptedSampler(rt.tokenizer, short_seed_codes(rt.seed_envs))
         run_training(cfg, str(workdir), resume=False, runtime=rt)
     finally:
         rt.close()

@@ -17,7 +17,7 @@ class RecordingSampler(pin.ScriptedSampler):
     """The pin's scripted sampler, noting each decode call's role and settings."""
 
     def __init__(self, tokenizer, seed_envs):
-        super().__init__(tokenizer, seed_envs)
+        super().__init__(tokenizer, pin.short_seed_codes(seed_envs))
         self.calls = []
 
     def start(self, prompts, *, capacity):

@@ -16,7 +16,7 @@ from spade_jax.config import load_config_file, parse
 from spade_jax.envs.skills import TOOL_USE_SKILLS
 from spade_jax.spade.driver import run_training
 from tests.envs.test_tool_use import PENCIL, TOOL_USE_BROKEN
-from tests.loop.pin import ScriptedSession
+from tests.loop.pin import ScriptedSampler
 
 pytestmark = pytest.mark.slow  # two tiny cycles: ~2.5 min on 2 idle cores, 8 min when shared
 
@@ -43,27 +43,6 @@ def tool_use_config():
     return cfg
 
 
-class ToolUseSampler:
-    """Designer prompts get DESIGNS in turn (each made new to the memory by a constant); Agent
-    prompts an answer chosen by (seed, row)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.designs = tokenizer, 0
-
-    def answer(self, prompt: str, row: int, seed: int) -> str:
-        if DESIGNER_MARKER in prompt:
-            _, code = DESIGNS[self.designs % len(DESIGNS)]
-            self.designs += 1
-            return f"```python\n{code}\nDESIGN_ID = {self.designs}\n```"
-        return AGENT_ANSWERS[(seed + row) % len(AGENT_ANSWERS)]
-
-    def start(self, prompts, *, capacity: int) -> ScriptedSession:
-        return ScriptedSession(self.tokenizer, self.answer, prompts, capacity)
-
-    def set_params(self, params) -> None:
-        """The answers are scripted: new weights change nothing."""
-
-
 @pytest.fixture(scope="module")
 def tool_use_run(tmp_path_factory):
     from spade_jax.spade.runtime import Runtime
@@ -71,7 +50,9 @@ def tool_use_run(tmp_path_factory):
     cfg, workdir = tool_use_config(), tmp_path_factory.mktemp("tool_use_run")
     rt = Runtime.create(parse(cfg, jax.device_count()))
     try:
-        rt.sampler = ToolUseSampler(rt.tokenizer)
+        rt.sampler = ScriptedSampler(rt.tokenizer, [code for _, code in DESIGNS],
+                                     designer_marker=DESIGNER_MARKER,
+                                     agent_answers=AGENT_ANSWERS)
         history = run_training(cfg, str(workdir), resume=False, runtime=rt)
         from spade_jax.checkpoint import Checkpointer
 
@@ -99,10 +80,13 @@ def test_the_valid_design_is_played_rewarded_trained_and_remembered(tool_use_run
     s = cfg.spade
     assert first["envs/played"] == 1 + s.replay_per_cycle
     assert first["samples/agent"] == (1 + s.replay_per_cycle) * s.plays_per_env
-    assert first["samples/designer"] == len(DESIGNS)
-    assert "designer/reward_mean" in first
+    # the reference's Designer delay (4) holds the samples back; its final flush trains them at
+    # the last cycle, the valid design's only: invalid ones are never trained (reference)
+    assert s.designer_delay > 1 and s.final_flush and not s.penalize_invalid
+    assert first["samples/designer"] == 0 and second["samples/designer"] == 1
+    assert "designer/reward_mean" in second
     # the regeneration's environments live until the next one (regen_interval 2), plus replays
-    assert second["envs/played"] == 1 + s.replay_per_cycle and second["samples/designer"] == 0
+    assert second["envs/played"] == 1 + s.replay_per_cycle
     assert all(math.isfinite(r["train/loss"]) for r in history)
     played = [json.loads(p.read_text())
               for p in (workdir / "envs" / "cycle_00000").glob("played_c00000_*.json")]
