@@ -69,6 +69,13 @@ def designer_config(base, seed: int):
     cfg.spade.plays_per_env = 4
     cfg.spade.reward_variant = "regret"
     cfg.spade.no_memory = True
+    # Trained in the cycle that wrote them, invalid designs penalised, K hint plays per
+    # environment every cycle: the semantics the budget and threshold were set with (the
+    # reference delays Designer samples 4 cycles and never trains invalid ones).
+    cfg.spade.designer_delay = 0
+    cfg.spade.penalize_invalid = True
+    cfg.spade.hint_plays_per_env = cfg.spade.plays_per_env
+    cfg.spade.hint_plays_when = "every_cycle"
     cfg.sampling.designer_max_new_tokens = 1
     return parse(cfg)
 
@@ -84,8 +91,8 @@ class ParametricDesigner:
         self.reports: dict[int, object] = {}
         self.designs = 0
 
-    def generate(self, messages_list, **kwargs):
-        completions = self.real_generate(messages_list, **kwargs)
+    def generate(self, messages_list, decoding, *, seed):
+        completions = self.real_generate(messages_list, decoding, seed=seed)
         levels, out = [], []
         for completion in completions:
             first = completion.tokens[0] if completion.tokens else None
@@ -110,7 +117,7 @@ class ParametricDesigner:
         return dataclasses.replace(report, code=text.split("```python\n")[1].split("\n```")[0])
 
     @staticmethod
-    def play(specs, *, seed):
+    def play(specs, decoding, *, seed):
         episodes = []
         for spec in specs:
             level = int(LEVEL_PATTERN.search(spec.code).group(1))
