@@ -16,7 +16,7 @@ from spade_jax.envs import EnvPool
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.envs.tool_use import ToolUseEnv, parse_tool_calls
 from spade_jax.spade.envrunner import SandboxEnvRunner
-from spade_jax.spade.rollout import ChatFormat, EpisodeSpec, play_episodes
+from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeSpec, play_episodes
 from tests.envs.conftest import TEST_CONFIG
 from tests.loop.pin import ScriptedSession
 
@@ -144,7 +144,8 @@ def test_play_renders_the_environment_tools_and_feeds_back_the_call_results(qwen
         [episode] = play_episodes(
             [EpisodeSpec("pencil", PENCIL.code, seed=0)], sampler=sampler,
             envs=SandboxEnvRunner(pool, max_turns=2), chat=ChatFormat(qwen3_style),
-            system_prompt="SYS", max_turns=2, max_new_tokens=64, temperature=1.0, seed=0,
+            system_prompt="SYS", max_turns=2,
+            decoding=Decoding(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=64), seed=0,
             capacity=4096)
     [session] = sampler.sessions
     assert '"name": "multiply"' in session.prompt_texts[0].split("\n</tools>")[0]
