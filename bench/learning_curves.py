@@ -45,10 +45,10 @@ def held_out_score(rt, run, eval_seeds: int, out_dir: Path) -> dict:
 
     `run` is the phase's `RunConfig`."""
     from spade_jax.eval.report import SUITE_MEAN
-    from spade_jax.eval.runner import build_tasks, evaluate
+    from spade_jax.eval.runner import build_tasks, evaluate, greedy
 
     tasks = build_tasks("games", games_seeds=eval_seeds, games_max_turns=run.spade.max_turns)
-    summary = evaluate(rt, tasks, out_dir, max_new_tokens=run.sampling.agent_max_new_tokens,
+    summary = evaluate(rt, tasks, out_dir, decoding=greedy(run.sampling.agent_max_new_tokens),
                        with_hints=False, seed=run.seed, progress=True)
     means = {row["category"]: row["mean_return"] for row in summary["rows"] if not row["hint"]}
     return {"mean": means.pop(SUITE_MEAN), "per_game": means, "episodes": len(tasks)}

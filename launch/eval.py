@@ -22,6 +22,7 @@ table outputs prints their columns side by side with the difference.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -129,11 +130,11 @@ def main(argv):
             tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
                              batch_size=_BATCH.value, seed=cfg.seed)
         else:
-            runner.evaluate(
-                rt, tasks, _OUT.value,
-                max_new_tokens=_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens,
-                temperature=_TEMPERATURE.value, batch_size=_BATCH.value,
-                with_hints=_HINTS.value, seed=cfg.seed)
+            decoding = dataclasses.replace(
+                runner.greedy(_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens),
+                temperature=_TEMPERATURE.value)
+            runner.evaluate(rt, tasks, _OUT.value, decoding=decoding, batch_size=_BATCH.value,
+                            with_hints=_HINTS.value, seed=cfg.seed)
     finally:
         rt.close()
     if _TABLE.value:

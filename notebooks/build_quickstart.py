@@ -161,7 +161,7 @@ from spade_jax.eval import runner
 tasks = runner.build_tasks("games", limit=2, games_seeds=1,
                            games_max_turns=run.spade.max_turns)
 summary = runner.evaluate(rt, tasks, WORKDIR / "eval", progress=False,
-                          max_new_tokens=run.sampling.agent_max_new_tokens)
+                          decoding=runner.greedy(run.sampling.agent_max_new_tokens))
 for row in summary["rows"]:
     print(f"{row['category']:<36} hint={row['hint']!s:<5} mean return "
           f"{row['mean_return']:+.2f}  solved {row['solved']:.2f}")

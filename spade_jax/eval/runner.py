@@ -1,12 +1,12 @@
 """Play evaluation tasks with the training rollout and write their results (docs/DESIGN.md §7).
 
     tasks = build_tasks(["games", "reasoning_gym"], limit=5, games_max_turns=4)
-    summary = evaluate(rt, tasks, "runs/eval1", max_new_tokens=256)
+    summary = evaluate(rt, tasks, "runs/eval1", decoding=greedy(max_new_tokens=256))
 
-Every task is an episode of `spade.rollout.play_episodes` on the runtime's sampler, greedy by
-default, in batches that share an agent prompt (each episode keeps its task's turn limit). A
-task whose environment defines `hint()` is also played with that hint (`envrunner.ENV_HINT`,
-leak-checked as in training).
+Every task is an episode of `spade.rollout.play_episodes` on the runtime's sampler with the
+caller's `Decoding` (`greedy(...)` for greedy decoding), in batches that share an agent prompt
+(each episode keeps its task's turn limit). A task whose environment defines `hint()` is also
+played with that hint (`envrunner.ENV_HINT`, leak-checked as in training).
 Rows go to `items.jsonl` after every batch, so a rerun into the same directory skips what is
 already scored; `summary.json` and `summary.md` are written at the end (`report`).
 """
@@ -117,15 +117,17 @@ def defines_hint(code: str) -> bool:
     return False
 
 
+def greedy(max_new_tokens: int) -> Decoding:
+    """Greedy decoding (temperature 0, no top-p / top-k cut) of up to `max_new_tokens` a turn."""
+    return Decoding(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+
+
 def evaluate(
     rt,
     tasks: Sequence[EvalTask],
     out_dir: str | Path | None,
     *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
+    decoding: Decoding,
     batch_size: int = 16,
     with_hints: bool = True,
     resume: bool = True,
@@ -138,7 +140,7 @@ def evaluate(
     in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
-    hosts of a run). `top_p` / `top_k` (1.0 / 0: off) reach the sampler with `temperature`.
+    hosts of a run). Every agent turn samples with `decoding`.
     """
     out = epath.Path(out_dir) if out_dir is not None else None
     if out is not None and not resume and out.exists():
@@ -158,8 +160,7 @@ def evaluate(
     bar = tqdm(total=len(pending), desc="eval", unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
-            played = _play(rt, pool, batch, Decoding(temperature, top_p, top_k, max_new_tokens),
-                           seed=seed)
+            played = _play(rt, pool, batch, decoding, seed=seed)
             rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
                     for (task, hint), episode in zip(batch, played, strict=True)]
             if items is not None:
@@ -196,7 +197,7 @@ def in_loop_tasks(eval_config, games_max_turns: int) -> list[EvalTask]:
 def run_in_loop_eval(rt, tasks: Sequence[EvalTask], out_dir: str | Path | None, *,
                      max_new_tokens: int, seed: int) -> dict[str, float]:
     """Evaluate `tasks` afresh (no hints, greedy) into `out_dir`; their `eval/*` metrics."""
-    summary = evaluate(rt, tasks, out_dir, max_new_tokens=max_new_tokens,
+    summary = evaluate(rt, tasks, out_dir, decoding=greedy(max_new_tokens),
                        with_hints=False, resume=False, progress=False, seed=seed)
     return summary_metrics(summary)
 

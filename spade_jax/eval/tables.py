@@ -2,7 +2,7 @@
 
     settings = table_settings("rq1", overrides="aime.samples=4,rg_hard.episodes=2")
     tasks = table_tasks("rq1", settings, data_dir="data/")    # suite -> [EvalTask]
-    ... runner.evaluate(rt, tasks[suite], out / suite, **settings[suite].evaluate_kwargs())
+    ... runner.evaluate(rt, tasks[suite], out / suite, decoding=settings[suite].decoding)
     table = write_table(out, "rq1", settings)                  # table.json and table.md
 
 Every suite's settings live in `SUITE_SETTINGS`, read from the reference's
@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from spade_jax.eval import report, rq1
+from spade_jax.spade.rollout import Decoding
 
 log = logging.getLogger(__name__)
 
@@ -30,51 +31,49 @@ TABLE_MD = "table.md"
 
 @dataclasses.dataclass(frozen=True)
 class SuiteSettings:
-    """How one suite samples: per item `samples` episodes of up to `max_turns` turns."""
+    """How one suite samples: per item `samples` episodes of up to `max_turns` turns, each
+    agent turn decoded with `decoding`."""
 
     samples: int
-    temperature: float
-    top_p: float
-    top_k: int  # 0: no top-k cut
-    max_new_tokens: int  # per agent turn
+    decoding: Decoding
     max_turns: int = 1
     unavailable: str = ""  # why the suite cannot run yet ("": it can)
-
-    def evaluate_kwargs(self) -> dict:
-        """The keyword arguments of `runner.evaluate` these settings fix."""
-        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "top_k": self.top_k}
 
 
 SUITE_SETTINGS: dict[str, SuiteSettings] = {
     # games.yaml suites.aime: n_samples_per_prompt 64, temperature 1.0, top_p 0.95, top_k 20,
     # max_tokens 32768, years [2025, 2026].
-    "aime": SuiteSettings(samples=64, temperature=1.0, top_p=0.95, top_k=20,
-                          max_new_tokens=32768),
+    "aime": SuiteSettings(samples=64, decoding=Decoding(temperature=1.0, top_p=0.95, top_k=20,
+                                                        max_new_tokens=32768)),
     # games.yaml suites.gpqa_diamond: n_samples_per_prompt 8, temperature 0.7, top_p 0.95,
     # max_tokens 32768 (no top_k).
-    "gpqa_diamond": SuiteSettings(samples=8, temperature=0.7, top_p=0.95, top_k=0,
-                                  max_new_tokens=32768),
+    "gpqa_diamond": SuiteSettings(samples=8, decoding=Decoding(
+        temperature=0.7, top_p=0.95, top_k=0, max_new_tokens=32768)),
     # games.yaml suites.livecodebench: n_samples_per_prompt 1, temperature 0.2, top_p 0.95,
     # max_tokens 16384, release_version release_v6.
-    "livecodebench": SuiteSettings(
-        samples=1, temperature=0.2, top_p=0.95, top_k=0, max_new_tokens=16384,
+    "livecodebench": SuiteSettings(samples=1, decoding=Decoding(
+        temperature=0.2, top_p=0.95, top_k=0, max_new_tokens=16384),
         unavailable="LiveCodeBench v6 is not yet implemented (its test runner in our sandbox)"),
     # _games_gem.yaml gem_eval: episodes 8, max_turns 2, temperature 0.6, max_tokens 8192 per
     # task; top_p 0.8 and top_k 20 are fixed in the reference's gem_evaluator (Qwen3 card).
-    "rg_hard": SuiteSettings(samples=8, temperature=0.6, top_p=0.8, top_k=20,
-                             max_new_tokens=8192, max_turns=2),
+    "rg_hard": SuiteSettings(samples=8, max_turns=2, decoding=Decoding(
+        temperature=0.6, top_p=0.8, top_k=20, max_new_tokens=8192)),
     # RQ2 suites (BFCL-v4 overall, tau2-bench, ACEBench): settings arrive with their suites.
-    "bfcl_v4": SuiteSettings(samples=1, temperature=0.0, top_p=1.0, top_k=0,
-                             max_new_tokens=8192, unavailable="BFCL-v4 overall is not yet a "
-                             "table suite (launch/eval.py --suites=bfcl_multi_turn runs its "
-                             "multi-turn part)"),
-    "tau2": SuiteSettings(samples=1, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192,
-                          unavailable="tau2-bench is not yet implemented"),
-    "acebench": SuiteSettings(samples=1, temperature=0.0, top_p=1.0, top_k=0,
-                              max_new_tokens=8192, unavailable="ACEBench is not yet implemented"),
+    "bfcl_v4": SuiteSettings(samples=1, decoding=Decoding(
+        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
+        unavailable="BFCL-v4 overall is not yet a table suite (launch/eval.py "
+                    "--suites=bfcl_multi_turn runs its multi-turn part)"),
+    "tau2": SuiteSettings(samples=1, decoding=Decoding(
+        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
+        unavailable="tau2-bench is not yet implemented"),
+    "acebench": SuiteSettings(samples=1, decoding=Decoding(
+        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
+        unavailable="ACEBench is not yet implemented"),
 }
 AIME_YEARS = (2025, 2026)
+_SUITE_FIELDS = {"samples": "int", "max_turns": "int"}
+# Fields `table_settings` overrides by name: the suite's own and its decoding's.
+OVERRIDABLE = {**_SUITE_FIELDS, **{f.name: f.type for f in dataclasses.fields(Decoding)}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,17 +125,22 @@ def table_settings(table: str, overrides: str | Mapping[str, str] = "") -> dict[
         if any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"overrides must read suite.field=value,..., got {overrides!r}")
         overrides = {key.strip(): value.strip() for key, value in pairs}
-    fields = {f.name: f.type for f in dataclasses.fields(SuiteSettings) if f.name != "unavailable"}
     for key, value in overrides.items():
         suite, _, field = key.partition(".")
-        if suite not in settings or field not in fields:
+        if suite not in settings or field not in OVERRIDABLE:
             raise ValueError(f"unknown setting {key!r}; suites {list(settings)}, fields "
-                             f"{list(fields)}")
-        cast = float if fields[field] == "float" else int
+                             f"{list(OVERRIDABLE)}")
+        cast = float if OVERRIDABLE[field] == "float" else int
         try:
-            settings[suite] = dataclasses.replace(settings[suite], **{field: cast(value)})
+            typed = cast(value)
         except ValueError as error:
-            raise ValueError(f"setting {key}={value!r}: expected {fields[field]}") from error
+            raise ValueError(f"setting {key}={value!r}: expected {OVERRIDABLE[field]}") from error
+        current = settings[suite]
+        if field in _SUITE_FIELDS:
+            settings[suite] = dataclasses.replace(current, **{field: typed})
+        else:
+            settings[suite] = dataclasses.replace(
+                current, decoding=dataclasses.replace(current.decoding, **{field: typed}))
     return settings
 
 
@@ -208,7 +212,7 @@ def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[s
     for suite, suite_tasks in tasks.items():
         log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
-                        with_hints=False, seed=seed, **settings[suite].evaluate_kwargs())
+                        decoding=settings[suite].decoding, with_hints=False, seed=seed)
     return write_table(out_dir, table, settings)
 
 

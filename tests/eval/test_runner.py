@@ -56,7 +56,7 @@ def test_only_games_with_their_own_hint_get_a_hinted_variant(tasks):
 
 
 def test_evaluate_writes_items_and_summary_then_resumes(runtime, tasks, tmp_path, monkeypatch):
-    summary = runner.evaluate(runtime, tasks, tmp_path, max_new_tokens=MAX_NEW_TOKENS,
+    summary = runner.evaluate(runtime, tasks, tmp_path, decoding=runner.greedy(MAX_NEW_TOKENS),
                               progress=False)
     rows = report.read_jsonl(tmp_path / report.ITEMS_FILE)
     assert len(rows) == 6  # 2 games with and without hint, 2 reasoning-gym items
@@ -83,7 +83,8 @@ def test_evaluate_writes_items_and_summary_then_resumes(runtime, tasks, tmp_path
         return real_play(specs, **kwargs)
 
     monkeypatch.setattr(runner, "play_episodes", counting_play)
-    runner.evaluate(runtime, tasks, tmp_path, max_new_tokens=MAX_NEW_TOKENS, progress=False)
+    runner.evaluate(runtime, tasks, tmp_path, decoding=runner.greedy(MAX_NEW_TOKENS),
+                    progress=False)
     assert [(s.env_id, s.hint is not None) for s in played] == [
         (rows[-1]["task_id"], rows[-1]["hint"])]
     assert len(report.read_jsonl(tmp_path / report.ITEMS_FILE)) == 6

@@ -1,5 +1,6 @@
 """The RQ1 table: scoring rules, GPQA shuffling, settings, roll-ups, data errors, launch/eval.py."""
 
+import dataclasses
 import json
 import os
 import random
@@ -14,6 +15,7 @@ from spade_jax.eval import answer_env, report, rq1, tables
 from spade_jax.eval.reasoning_gym_env import rg_paper_answer
 from spade_jax.eval.rg_hard_split import HARD_CONFIGS, HARD_SPLIT_BUCKETS
 from spade_jax.eval.tasks import EvalTask
+from spade_jax.spade.rollout import Decoding
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "eval" / "fixtures" / "rq1"
@@ -158,14 +160,16 @@ def test_columns_are_solved_fractions_and_rg_buckets_weigh_episodes():
 def test_settings_are_the_reference_values_and_overridable():
     settings = tables.table_settings("rq1")
     assert list(settings) == ["aime", "gpqa_diamond", "livecodebench", "rg_hard"]
-    assert settings["aime"].evaluate_kwargs() == {
-        "max_new_tokens": 32768, "temperature": 1.0, "top_p": 0.95, "top_k": 20}
+    assert settings["aime"].decoding == Decoding(
+        temperature=1.0, top_p=0.95, top_k=20, max_new_tokens=32768)
     assert (settings["aime"].samples, settings["gpqa_diamond"].samples) == (64, 8)
-    assert settings["gpqa_diamond"].temperature == 0.7
+    assert settings["gpqa_diamond"].decoding.temperature == 0.7
     assert (settings["rg_hard"].samples, settings["rg_hard"].max_turns,
-            settings["rg_hard"].temperature) == (8, 2, 0.6)
+            settings["rg_hard"].decoding.temperature) == (8, 2, 0.6)
     changed = tables.table_settings("rq1", "aime.samples=4, rg_hard.temperature=0.3")
-    assert (changed["aime"].samples, changed["rg_hard"].temperature) == (4, 0.3)
+    assert (changed["aime"].samples, changed["rg_hard"].decoding) == (
+        4, dataclasses.replace(settings["rg_hard"].decoding, temperature=0.3))
+    assert changed["aime"].decoding == settings["aime"].decoding
     with pytest.raises(ValueError, match="unknown setting 'aime.beam'"):
         tables.table_settings("rq1", "aime.beam=2")
     with pytest.raises(ValueError, match="aime.samples='many': expected int"):
