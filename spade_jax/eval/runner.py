@@ -17,7 +17,7 @@ import ast
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,9 @@ SUITE_NAMES = {
     "reasoning_gym": "reasoning_gym",
     "games": "games",
 }
-TOOL_USE_SUITES = ("bfcl",)  # played with the tool-use agent prompt; the rest as games
+TOOL_USE_SUITES = ("bfcl", "bfcl_v4")  # played with the tool-use agent prompt; the rest as games
+# Played with the benchmark's user message alone, as the reference's eval_offline suites do.
+NO_SYSTEM_PROMPT_SUITES = ("aime", "gpqa_diamond", "livecodebench", "rg_hard")
 SEED_GAMES = "seeds"  # the games suite from our (non-tool-use) seed environments
 EVAL_STEP_TIMEOUT_S = 10.0  # above the benchmarks' own limits (HumanEval runs tests for 3 s)
 REPLY_CHARS = 2000  # characters kept per agent reply in items.jsonl
@@ -128,6 +130,7 @@ def evaluate(
     out_dir: str | Path | None,
     *,
     decoding: Decoding,
+    sandbox: Mapping[str, float] | None = None,
     batch_size: int = 16,
     with_hints: bool = True,
     resume: bool = True,
@@ -137,7 +140,8 @@ def evaluate(
     """Play every task (and its hinted variant), write results under `out_dir`; the summary.
 
     `rt` needs `sampler`, `chat` and `run` (a `spade.runtime.Runtime`); the environments run
-    in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call. With
+    in a sandbox pool of this evaluation, `EVAL_STEP_TIMEOUT_S` per call unless `sandbox`
+    (SandboxConfig fields) says otherwise. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
     hosts of a run). Every agent turn samples with `decoding`.
@@ -156,7 +160,7 @@ def evaluate(
     if records:
         log.info("%s: %d rows already scored, %d episodes to play", out, len(records),
                  len(pending))
-    pool = _eval_pool(rt.run.sandbox)
+    pool = _eval_pool(rt.run.sandbox, sandbox or {})
     bar = tqdm(total=len(pending), desc="eval", unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
@@ -237,26 +241,32 @@ def restore_checkpoint(rt, path: str | Path) -> int:
     return step
 
 
-def _eval_pool(sandbox):
-    """A pool with the run's `SandboxConfig` and the evaluation's step timeout."""
+def _eval_pool(sandbox, overrides: Mapping[str, float]):
+    """A pool with the run's `SandboxConfig`, the evaluation's step timeout and `overrides`."""
     from spade_jax.envs import EnvPool
 
-    return EnvPool(dataclasses.replace(sandbox, step_timeout_s=EVAL_STEP_TIMEOUT_S),
-                   warm=sandbox.warm_workers)
+    config = dataclasses.replace(sandbox, **{"step_timeout_s": EVAL_STEP_TIMEOUT_S, **overrides})
+    return EnvPool(config, warm=sandbox.warm_workers)
 
 
 def _batches(pending: list[tuple[EvalTask, bool]], batch_size: int):
-    """Batches of at most `batch_size` episodes sharing an agent prompt, in task order."""
-    groups: dict[str, list] = {}
+    """Batches of at most `batch_size` episodes sharing an agent prompt, in task order; one-turn
+    episodes apart from longer ones (a batch's KV cache is sized for its longest)."""
+    groups: dict[tuple[str | None, bool], list] = {}
     for task, hint in pending:
-        groups.setdefault(_game_type(task), []).append((task, hint))
+        groups.setdefault((_system_prompt(task), task.max_turns > 1), []).append((task, hint))
     for group in groups.values():
         for start in range(0, len(group), batch_size):
             yield group[start:start + batch_size]
 
 
-def _game_type(task: EvalTask) -> prompts.GameType:
-    return prompts.GameType.TOOL_USE if task.suite in TOOL_USE_SUITES else prompts.GameType.GAME
+def _system_prompt(task: EvalTask) -> str | None:
+    """The agent system prompt `task` is played with (None: the user message alone)."""
+    if task.suite in NO_SYSTEM_PROMPT_SUITES:
+        return None
+    tool_use = task.suite in TOOL_USE_SUITES
+    game_type = prompts.GameType.TOOL_USE if tool_use else prompts.GameType.GAME
+    return game_type.agent_system_prompt
 
 
 def _play(rt, pool, batch, decoding: Decoding, *, seed: int) -> list[Episode]:
@@ -267,7 +277,7 @@ def _play(rt, pool, batch, decoding: Decoding, *, seed: int) -> list[Episode]:
                                      rt.run.sampling.max_context)
     return play_episodes(
         specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
-        system_prompt=_game_type(batch[0][0]).agent_system_prompt, max_turns=turns,
+        system_prompt=_system_prompt(batch[0][0]), max_turns=turns,
         decoding=decoding, seed=seed, capacity=capacity)
 
 

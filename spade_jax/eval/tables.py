@@ -1,6 +1,6 @@
 """The paper's result tables: each suite's reference sampling settings, columns and rendering.
 
-    settings = table_settings("rq1", overrides="aime.samples=4,rg_hard.episodes=2")
+    settings = table_settings("rq1", overrides="aime.samples=4,rg_hard.samples=2")
     tasks = table_tasks("rq1", settings, data_dir="data/")    # suite -> [EvalTask]
     ... runner.evaluate(rt, tasks[suite], out / suite, decoding=settings[suite].decoding)
     table = write_table(out, "rq1", settings)                  # table.json and table.md
@@ -9,7 +9,8 @@ Every suite's settings live in `SUITE_SETTINGS`, read from the reference's
 `eval_offline/configs/games.yaml` (and the files it points at). A column is the fraction of a
 suite's episodes (all samples of all items) that scored full marks, over the episodes a
 column selects: this is the reference's mean over samples for AIME and GPQA (avg@n), pass@1
-for LiveCodeBench, and its episode-weighted win rate per bucket for reasoning-gym.
+for LiveCodeBench, and its episode-weighted win rate per bucket for reasoning-gym. BFCL-v4 is
+its own overall score over the categories' accuracies (`bfcl.v4_overall_accuracy`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from spade_jax.eval import report, rq1
+from spade_jax.eval import bfcl, report, rq1
 from spade_jax.spade.rollout import Decoding
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class SuiteSettings:
     decoding: Decoding
     max_turns: int = 1
     unavailable: str = ""  # why the suite cannot run yet ("": it can)
+    # SandboxConfig fields this suite's environments need beyond the evaluation's defaults
+    sandbox: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 SUITE_SETTINGS: dict[str, SuiteSettings] = {
@@ -51,18 +54,20 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
         temperature=0.7, top_p=0.95, top_k=0, max_new_tokens=32768)),
     # games.yaml suites.livecodebench: n_samples_per_prompt 1, temperature 0.2, top_p 0.95,
     # max_tokens 16384, release_version release_v6.
+    # Its environments carry every test of a problem (some hold megabytes of input) and run
+    # them all in one step at up to 6 s each, so code size, memory and time limits are raised.
     "livecodebench": SuiteSettings(samples=1, decoding=Decoding(
         temperature=0.2, top_p=0.95, top_k=0, max_new_tokens=16384),
-        unavailable="LiveCodeBench v6 is not yet implemented (its test runner in our sandbox)"),
+        sandbox={"max_code_bytes": 1 << 30, "memory_bytes": 4 << 30, "cpu_seconds": 900,
+                 "step_timeout_s": 900.0, "play_timeout_s": 900.0}),
     # _games_gem.yaml gem_eval: episodes 8, max_turns 2, temperature 0.6, max_tokens 8192 per
     # task; top_p 0.8 and top_k 20 are fixed in the reference's gem_evaluator (Qwen3 card).
     "rg_hard": SuiteSettings(samples=8, max_turns=2, decoding=Decoding(
         temperature=0.6, top_p=0.8, top_k=20, max_new_tokens=8192)),
-    # RQ2 suites (BFCL-v4 overall, tau2-bench, ACEBench): settings arrive with their suites.
+    # tool_use.yaml suites.bfcl_full: categories non_live, live, multi_turn; temperature 0.
+    # The token budget per turn is ours (the agent's 8192 of the tool-use recipes).
     "bfcl_v4": SuiteSettings(samples=1, decoding=Decoding(
-        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
-        unavailable="BFCL-v4 overall is not yet a table suite (launch/eval.py "
-                    "--suites=bfcl_multi_turn runs its multi-turn part)"),
+        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192)),
     "tau2": SuiteSettings(samples=1, decoding=Decoding(
         temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
         unavailable="tau2-bench is not yet implemented"),
@@ -78,11 +83,13 @@ OVERRIDABLE = {**_SUITE_FIELDS, **{f.name: f.type for f in dataclasses.fields(De
 
 @dataclasses.dataclass(frozen=True)
 class Column:
-    """One table cell: the episodes of `suite` that `select(record)` keeps."""
+    """One table cell: the episodes of `suite` that `select(record)` keeps, scored by `score`
+    (records -> value or None; default: the fraction solved)."""
 
     name: str
     suite: str
     select: Callable[[dict], bool] = lambda record: True
+    score: Callable[[list[dict]], float | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +109,16 @@ def _aime_column(year: int) -> Column:
     return Column(f"AIME {year}", "aime", lambda record: record["category"] == str(year))
 
 
+def bfcl_v4_score(records: Sequence[dict]) -> float | None:
+    """BFCL v4 overall accuracy of the records (None unless every category was played)."""
+    by_category: dict[str, list[float]] = {}
+    for record in records:
+        by_category.setdefault(record["category"], []).append(record["return"] >= 1.0)
+    scores = {c: (sum(solved) / len(solved), len(solved)) for c, solved in by_category.items()}
+    required = {c for group in bfcl.v4_categories().values() for c in group}
+    return bfcl.v4_overall_accuracy(scores) if required <= set(scores) else None
+
+
 RG_COLUMNS = ("RG:Math", "RG:Algorithmic", "RG:Cognition", "RG:Logic")
 TABLES: dict[str, Table] = {
     # The reference's render_table RQ1 columns (table_mapping.RQ1_COLUMNS), plus the RG average.
@@ -112,7 +129,17 @@ TABLES: dict[str, Table] = {
                  Column("LiveCodeBench v6", "livecodebench"),
                  *(_rg_bucket_column(name, name[3:].lower()) for name in RG_COLUMNS)),
         averages={"RG:Average": RG_COLUMNS}),
-    "rq2": Table(suites=("bfcl_v4", "tau2", "acebench"), columns=()),
+    # The reference's render_table RQ2 columns (table_mapping.RQ2_COLUMNS).
+    "rq2": Table(
+        suites=("bfcl_v4", "tau2", "acebench"),
+        columns=(Column("BFCL-v4", "bfcl_v4", score=bfcl_v4_score),
+                 *(Column(f"Tau2-{domain.capitalize()}", "tau2",
+                          lambda record, d=domain: record["category"] == d)
+                   for domain in ("retail", "airline", "telecom")),
+                 *(Column(f"ACEBench-{part[0].upper()}", "acebench",
+                          lambda record, p=part: record["category"] == p)
+                   for part in ("normal", "special", "agent")),
+                 Column("ACEBench", "acebench"))),
 }
 
 
@@ -166,6 +193,10 @@ def table_tasks(table: str, settings: Mapping[str, SuiteSettings], *,
             built = [t for year in AIME_YEARS for t in rq1.aime_tasks(data_dir, year, s.samples)]
         elif suite == "gpqa_diamond":
             built = rq1.gpqa_tasks(data_dir, s.samples)
+        elif suite == "livecodebench":
+            built = rq1.lcb_tasks(data_dir, s.samples)
+        elif suite == "bfcl_v4":
+            built = bfcl.v4_tasks(limit=limit)
         else:
             built = rq1.rg_hard_tasks(s.samples, s.max_turns)
         tasks[suite] = _first_items(built, limit, by_bucket=suite == "rg_hard")
@@ -189,8 +220,11 @@ def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
     values = {}
     for column in spec.columns:
         chosen = [r for r in records if r["suite"] == column.suite and column.select(r)]
-        solved = sum(r["return"] >= 1.0 for r in chosen)
-        values[column.name] = {"value": solved / len(chosen) if chosen else None,
+        if column.score is not None:
+            value = column.score(chosen)
+        else:
+            value = sum(r["return"] >= 1.0 for r in chosen) / len(chosen) if chosen else None
+        values[column.name] = {"value": value,
                                "episodes": len(chosen),
                                "items": len({r["task_id"] for r in chosen})}
     for name, members in spec.averages.items():
@@ -212,7 +246,8 @@ def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[s
     for suite, suite_tasks in tasks.items():
         log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
-                        decoding=settings[suite].decoding, with_hints=False, seed=seed)
+                        decoding=settings[suite].decoding, sandbox=settings[suite].sandbox,
+                        with_hints=False, seed=seed)
     return write_table(out_dir, table, settings)
 
 

@@ -167,7 +167,7 @@ def play_episodes(
     sampler,
     envs: EnvRunner,
     chat: ChatFormat,
-    system_prompt: str,
+    system_prompt: str | None,
     max_turns: int,
     decoding: Decoding,
     seed: int,
@@ -182,6 +182,8 @@ def play_episodes(
     whose next observation no longer fits in the cache ends with status 'context_full'. Every
     turn samples with `decoding` (its `max_new_tokens` per turn). Turn t
     samples with `derive_seed(seed, "turn", t)`, so `seed` may be any seed in [0, 2**31).
+    `system_prompt=None` starts the conversation with the observation alone (benchmarks whose
+    reference sends no system message).
     """
     phase = timer.phase if timer is not None else (lambda _name: contextlib.nullcontext())
     max_new_tokens = decoding.max_new_tokens
@@ -193,8 +195,9 @@ def play_episodes(
         observation = start.observation if start.ok else ""
         if start.ok and start.hint:
             observation = hint_lib.inject_hint(observation, start.hint)
-        messages = [{"role": "system", "content": system_prompt},
-                    {"role": "user", "content": observation}]
+        messages = [{"role": "user", "content": observation}]
+        if system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": system_prompt})
         prompts.append(chat.prompt(messages, tools=start.tools)[-capacity // 2:])
     with phase("sampling"):
         session = sampler.start(prompts, capacity=capacity)

@@ -194,12 +194,14 @@ def test_limit_keeps_every_sample_of_the_first_items_spread_over_categories():
     pytest.importorskip("reasoning_gym")
     settings = tables.table_settings("rq1", "aime.samples=3,gpqa_diamond.samples=2,"
                                             "rg_hard.samples=2")
+    tasks = tables.table_tasks("rq1", settings, data_dir=FIXTURES, limit=1)
+    assert [t.task_id for t in tasks["livecodebench"]] == ["lcb/abc999_a"]
     tasks = tables.table_tasks("rq1", settings, data_dir=FIXTURES, limit=2)
     assert [(t.task_id, t.seed) for t in tasks["aime"]] == [
         (f"aime{year}/0", seed) for year in (2025, 2026) for seed in range(3)]
     assert [t.task_id for t in tasks["gpqa_diamond"]] == ["gpqa/0"] * 2 + ["gpqa/1"] * 2
     assert [rq1.rg_bucket(t.category) for t in tasks["rg_hard"][::2]] == ["math", "algorithmic"]
-    assert "livecodebench" not in tasks
+    assert [t.task_id for t in tasks["livecodebench"]] == ["lcb/abc999_a", "lcb/3999"]
 
 
 def _table_json(directory: Path, method: str, values: dict) -> None:
@@ -238,8 +240,9 @@ def test_tiny_model_plays_the_rq1_table_and_a_killed_run_resumes(tmp_path):
     pytest.importorskip("reasoning_gym")
     pytest.importorskip("math_verify")
     out = tmp_path / "out"
+    suites = ("aime", "gpqa_diamond", "livecodebench", "rg_hard")
     settings = ",".join(["aime.samples=2", "gpqa_diamond.samples=1", "rg_hard.samples=1"]
-                        + [f"{s}.max_new_tokens=4" for s in ("aime", "gpqa_diamond", "rg_hard")])
+                        + [f"{s}.max_new_tokens=4" for s in suites])
     args = ("--config=configs/tiny.py", "--table=rq1", f"--data_dir={FIXTURES}", "--limit=2",
             f"--table_settings={settings}", f"--out={out}")
     result = _eval(*args)
@@ -247,11 +250,10 @@ def test_tiny_model_plays_the_rq1_table_and_a_killed_run_resumes(tmp_path):
     header = ("| Method | AIME 2025 | AIME 2026 | GPQA-Diamond | LiveCodeBench v6 | RG:Math | "
               "RG:Algorithmic | RG:Cognition | RG:Logic | RG:Average |")
     assert result.stdout.startswith(header + "\n")
-    assert "livecodebench: LiveCodeBench v6 is not yet implemented" in result.stdout
     table = json.loads((out / tables.TABLE_JSON).read_text())
     episodes = {name: v["episodes"] for name, v in table["values"].items()}
     assert episodes == {"AIME 2025": 2, "AIME 2026": 2, "GPQA-Diamond": 2,
-                        "LiveCodeBench v6": 0, "RG:Math": 1, "RG:Algorithmic": 1,
+                        "LiveCodeBench v6": 2, "RG:Math": 1, "RG:Algorithmic": 1,
                         "RG:Cognition": 0, "RG:Logic": 0, "RG:Average": 2}
     assert table["settings"]["aime"]["samples"] == 2
 
