@@ -10,6 +10,7 @@ for every requested k that all items of the row have enough samples for.
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,6 +21,8 @@ from etils import epath
 from spade_jax.eval.humaneval import mean_pass_at_k
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.workdir import open_append
+
+log = logging.getLogger(__name__)
 
 ITEMS_FILE = "items.jsonl"
 SUMMARY_JSON = "summary.json"
@@ -59,6 +62,19 @@ def append_jsonl(path: str | Path, records: Iterable[dict]) -> None:
     with open_append(path) as handle:
         for record in records:
             handle.write(json.dumps(record, default=str) + "\n")
+
+
+def resume_jsonl(path: str | Path) -> list[dict]:
+    """Records of a JSONL file whose writer may have been killed mid-line: a torn last line
+    (no newline) is dropped, from the file too, so that appends continue on a clean line."""
+    path = epath.Path(path)
+    text = path.read_text()
+    complete = text[:text.rfind("\n") + 1]
+    if complete != text:
+        log.warning("%s: dropping a torn last line of %d characters", path,
+                    len(text) - len(complete))
+        path.write_text(complete)
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -153,7 +153,7 @@ def evaluate(
     episodes = [(task, hint) for task in tasks
                 for hint in ((False, True) if with_hints and defines_hint(task.code) else (False,))]
     wanted = {_task_key(task, hint) for task, hint in episodes}
-    scored = report.read_jsonl(items) if items is not None and items.exists() else []
+    scored = report.resume_jsonl(items) if items is not None and items.exists() else []
     records = [r for r in scored if _record_key(r) in wanted]
     done = {_record_key(r) for r in records}
     pending = [(task, hint) for task, hint in episodes if _task_key(task, hint) not in done]
@@ -161,7 +161,8 @@ def evaluate(
         log.info("%s: %d rows already scored, %d episodes to play", out, len(records),
                  len(pending))
     pool = _eval_pool(rt.run.sandbox, sandbox or {})
-    bar = tqdm(total=len(pending), desc="eval", unit="episode", disable=not progress)
+    bar = tqdm(total=len(episodes), initial=len(episodes) - len(pending), desc="eval",
+               unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
             played = _play(rt, pool, batch, decoding, seed=seed)
