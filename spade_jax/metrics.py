@@ -1,4 +1,5 @@
-"""Run metrics: `metrics.jsonl` and TensorBoard events in the workdir, phase timers, progress.
+"""Run metrics: `metrics.jsonl` and TensorBoard events in the workdir (and Weights & Biases
+when asked), phase timers, progress.
 
 Only process 0 writes host files in a multi-host run; the others get a writer that drops
 everything, so callers never need to check the process index.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import tempfile
 import time
+import uuid
 from collections import defaultdict
 
 import numpy as np
@@ -17,14 +20,20 @@ from etils import epath
 
 from spade_jax.workdir import is_remote, open_append, register_tensorboard_bucket_writer
 
+WANDB_INSTALL = "pip install -e .[wandb]"
+WANDB_ID_FILE = "wandb_run_id"  # in the workdir: a resumed run logs to the same W&B run
+
 
 class MetricsWriter:
-    """Append scalar metrics per cycle to `metrics.jsonl` and TensorBoard event files."""
+    """Append scalar metrics per cycle to `metrics.jsonl` and TensorBoard event files, and to
+    a Weights & Biases run when `logging.wandb` (a `config.LoggingConfig`)."""
 
-    def __init__(self, workdir: str, *, enabled: bool = True):
+    def __init__(self, workdir: str, *, enabled: bool = True, logging=None,
+                 config: dict | None = None):
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
+        self._wandb = None
         if not enabled:
             return
         directory = epath.Path(workdir)
@@ -35,6 +44,8 @@ class MetricsWriter:
         if is_remote(workdir):
             register_tensorboard_bucket_writer()
         self._tb = SummaryWriter(str(directory / "tensorboard"))
+        if logging is not None and logging.wandb:
+            self._wandb = _start_wandb(directory, logging, config or {})
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record `metrics` for `step`; non-finite values are kept in JSON as null."""
@@ -48,12 +59,34 @@ class MetricsWriter:
             if value is not None:
                 self._tb.add_scalar(key, value, step)
         self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
 
     def close(self) -> None:
         if self._jsonl:
             self._jsonl.close()
         if self._tb:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _start_wandb(directory: epath.Path, logging, config: dict):
+    """A W&B run for this workdir: the one its `WANDB_ID_FILE` names (resumed), else a new one
+    whose id is written there. Local files go under the workdir (a temp dir for gs://)."""
+    try:
+        import wandb
+    except ImportError as error:
+        raise ImportError(f"logging.wandb=True needs wandb: {WANDB_INSTALL}") from error
+    id_file = directory / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+    if not id_file.exists():
+        id_file.write_text(run_id + "\n")
+    local = tempfile.mkdtemp(prefix="wandb_") if is_remote(str(directory)) else str(directory)
+    return wandb.init(project=logging.wandb_project, entity=logging.wandb_entity or None,
+                      id=run_id, resume="allow", dir=local, name=directory.name,
+                      config=config)
 
 
 def _to_float(value) -> float | None:

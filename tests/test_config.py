@@ -124,7 +124,7 @@ def test_records_are_frozen():
     run = parse(load_config_file("tiny"))
     records = [run] + [getattr(run, f.name) for f in dataclasses.fields(run)
                        if dataclasses.is_dataclass(getattr(run, f.name))]
-    assert len(records) == 10  # the run and its 9 sections
+    assert len(records) == 11  # the run and its 10 sections
     records.append(run.model.arch)
     for record in records:
         field = dataclasses.fields(record)[0].name

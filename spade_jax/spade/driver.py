@@ -87,7 +87,7 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     if main:
         write_config(cfg, workdir)
     eval_tasks = in_loop_tasks(run.eval, run.spade.max_turns)
-    writer = MetricsWriter(workdir, enabled=main)
+    writer = MetricsWriter(workdir, enabled=main, logging=run.logging, config=cfg.to_dict())
     artifacts = Artifacts(workdir, enabled=main)
     bar = tqdm(total=run.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)
     try:
