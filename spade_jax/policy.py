@@ -1,12 +1,14 @@
 """`load_policy`: the user-facing facade over model, tokenizer, logits and generation.
 
-    policy = spade_jax.load_policy("smollm2-135m-instruct")   # or an HF directory, or a .gguf
+    policy = spade_jax.load_policy("smollm2-135m-instruct")   # or an HF directory, a .gguf,
+                                                              # or an HF Hub id in the local cache
     policy.logits(tokens)                                     # [B, T, vocab] float32
     policy.generate(["Hello"], max_new_tokens=32)
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from spade_jax.weights import (
 )
 
 BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m-instruct": smollm2_gguf_path}
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the HF Hub spells ids
 
 
 def _logits_fn(graphdef, state, tokens, mask):
@@ -113,14 +116,31 @@ class Policy:
         )
 
 
+def hub_snapshot(repo_id: str) -> Path:
+    """The directory of HF Hub model `repo_id` in the local `huggingface_hub` cache (never
+    downloads); MissingFileError saying how to fetch it when it is not there."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except LocalEntryNotFoundError as error:
+        raise MissingFileError(
+            f"HF Hub model {repo_id!r} is not in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); fetch it first: hf download {repo_id}") from error
+
+
 def _resolve(name_or_path: str | Path) -> Path:
     if str(name_or_path).lower() in BUILTIN_MODELS:
         return BUILTIN_MODELS[str(name_or_path).lower()]()
     path = Path(name_or_path).expanduser()
+    if not path.exists() and HUB_ID.match(str(name_or_path)):
+        path = hub_snapshot(str(name_or_path))
     if not path.exists():
         raise MissingFileError(
             f"{name_or_path!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
-            "existing path; pass an HF checkpoint directory or a .gguf file"
+            "existing path; pass an HF checkpoint directory, a .gguf file or an HF Hub id "
+            "(owner/name) in the local Hugging Face cache"
         )
     if path.is_file() and path.suffix != ".gguf":
         raise ConfigError(f"{path} is a file but not a .gguf; pass a .gguf or an HF directory")
@@ -130,7 +150,8 @@ def _resolve(name_or_path: str | Path) -> Path:
 def load_policy(
     name_or_path: str | Path, *, mesh: Mesh | None = None, dtype=None
 ) -> Policy:
-    """Load a policy by built-in name, HF safetensors directory, or `.gguf` file.
+    """Load a policy by built-in name, HF safetensors directory, `.gguf` file, or HF Hub id
+    (`owner/name`, read from the local `huggingface_hub` cache when no such path exists).
 
     Parameters are placed on `mesh` (default: the first device) in `dtype` (default float32).
     """

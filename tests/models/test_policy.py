@@ -58,3 +58,27 @@ def test_builtin_smollm2_policy():
     tokens = np.asarray([policy.tokenizer("The capital of France is")["input_ids"]])
     next_token = int(np.asarray(policy.logits(tokens))[0, -1].argmax())
     assert policy.tokenizer.decode(next_token).strip() == "Paris"
+
+
+def test_policy_from_an_hf_hub_id_in_the_local_cache(policy_dir, tmp_path, monkeypatch):
+    """An owner/name id resolves through huggingface_hub's cache layout, never the network."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--spade-test--tiny-qwen3"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(policy_dir, repo / "snapshots" / commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    policy = spade_jax.load_policy("spade-test/tiny-qwen3")
+    tokens = np.asarray([policy.tokenizer("find the key")["input_ids"]])
+    np.testing.assert_array_equal(policy.logits(tokens),
+                                  spade_jax.load_policy(policy_dir).logits(tokens))
+    with pytest.raises(MissingFileError, match=r"'spade-test/absent' is not in the local "
+                                               r"Hugging Face cache .*hf download"):
+        spade_jax.load_policy("spade-test/absent")
