@@ -7,14 +7,17 @@
     python launch/eval.py --compare runs/eval/base runs/eval/trained
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq1 \
         --data_dir=data/ --out=runs/rq1/trained   # the paper's RQ1 table, reference settings
+    python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq2 \
+        --out=runs/rq2/trained                    # RQ2: BFCL-v4 overall (tau2, ACEBench: not yet)
 
 Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
 category and the suite mean; with and without hints where the environment defines one) under
---out. Rerunning into the same --out skips the episodes already scored. --limit keeps a fixed
+--out, rows after every batch of episodes, with a progress bar. Rerunning into the same --out
+(after a kill, say) skips the episodes already scored. --limit keeps a fixed
 subset of that many items per suite, spread over its categories. Any config key can be
 overridden as in launch/train.py (e.g. --config.sampling.max_context=8192).
 
---table=rq1 runs every suite of that paper table with its reference settings
+--table=rq1|rq2 runs every suite of that paper table with its reference settings
 (`spade_jax/eval/tables.py`; change them with e.g. --table_settings=aime.samples=8) into
 --out/<suite>/ (resumable as above) and writes --out/table.json and table.md. --compare on two
 table outputs prints their columns side by side with the difference.
@@ -55,7 +58,7 @@ _GAMES_MAX_TURNS = flags.DEFINE_integer(
 _BFCL_STEP_LIMIT = flags.DEFINE_integer(
     "bfcl_step_limit", 0, "Calls per BFCL user turn before force-quit; 0: BFCL's own (20).")
 _TABLE = flags.DEFINE_string(
-    "table", None, "Run a paper table (rq1) with its suites' reference settings; --suites, "
+    "table", None, "Run a paper table (rq1, rq2) with its suites' reference settings; --suites, "
     "--temperature, --max_new_tokens and --hints do not apply.")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Directory of benchmark data files the packages do not ship (README).")

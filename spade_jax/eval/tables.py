@@ -68,12 +68,19 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
     # The token budget per turn is ours (the agent's 8192 of the tool-use recipes).
     "bfcl_v4": SuiteSettings(samples=1, decoding=Decoding(
         temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192)),
-    "tau2": SuiteSettings(samples=1, decoding=Decoding(
-        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
-        unavailable="tau2-bench is not yet implemented"),
-    "acebench": SuiteSettings(samples=1, decoding=Decoding(
-        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192),
-        unavailable="ACEBench is not yet implemented"),
+    # _tool_use_tau2.yaml: 4 trials, agent temperature 0.0, top_p 0.8, top_k 20, 16384 tokens,
+    # 200 steps; the user simulator is gpt-4.1 at temperature 0 there.
+    "tau2": SuiteSettings(samples=4, max_turns=200, decoding=Decoding(
+        temperature=0.0, top_p=0.8, top_k=20, max_new_tokens=16384),
+        unavailable="tau2-bench is not implemented yet: its retail / airline / telecom tools, "
+                    "simulated user and database-state scoring (the tau2-bench repository, "
+                    "not on PyPI) are not ported"),
+    # tool_use.yaml suites.acebench: test_all, temperature 0.7, top_p 1.0, 16384 tokens,
+    # 40 dialog turns (user model gpt-4o there).
+    "acebench": SuiteSettings(samples=1, max_turns=40, decoding=Decoding(
+        temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=16384),
+        unavailable="ACEBench is not implemented yet: its Normal / Special / Agent checkers "
+                    "and the simulated user of its Agent part are not ported"),
 }
 AIME_YEARS = (2025, 2026)
 _SUITE_FIELDS = {"samples": "int", "max_turns": "int"}

@@ -109,3 +109,29 @@ def test_bfcl_single_turn_scores_inside_the_sandbox():
             assert (result.reward, result.terminated) == (reward, True), result
     finally:
         pool.shutdown()
+
+
+@pytest.mark.slow
+def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
+    """launch/eval.py --table=rq2 on the tiny random model, one entry per BFCL category."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "rq2"
+    result = subprocess.run(
+        [sys.executable, str(root / "launch" / "eval.py"), "--config=configs/tiny.py",
+         "--table=rq2", "--limit=17", "--table_settings=bfcl_v4.max_new_tokens=4",
+         f"--out={out}"], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+        capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(
+        "| Method | BFCL-v4 | Tau2-Retail | Tau2-Airline | Tau2-Telecom | ACEBench-N | "
+        "ACEBench-S | ACEBench-A | ACEBench |\n")
+    assert "tau2: tau2-bench is not implemented yet" in result.stdout
+    table = json.loads((out / tables.TABLE_JSON).read_text())
+    bfcl_v4 = table["values"]["BFCL-v4"]
+    assert (bfcl_v4["episodes"], bfcl_v4["items"]) == (17, 17)
+    assert 0.0 <= bfcl_v4["value"] <= 0.6  # every category played; agentic counts 0

@@ -176,8 +176,10 @@ def test_settings_are_the_reference_values_and_overridable():
         tables.table_settings("rq1", "aime.samples=many")
     with pytest.raises(ValueError, match="unknown table 'rq3'"):
         tables.table_settings("rq3")
-    with pytest.raises(ValueError, match="table rq2 cannot run yet: .*tau2-bench"):
-        tables.table_tasks("rq2", tables.table_settings("rq2"), data_dir=None)
+    rq2 = tables.table_settings("rq2")
+    rq2["bfcl_v4"] = dataclasses.replace(rq2["bfcl_v4"], unavailable="switched off")
+    with pytest.raises(ValueError, match="table rq2 cannot run yet: switched off; tau2-bench"):
+        tables.table_tasks("rq2", rq2, data_dir=None)
 
 
 def test_missing_data_names_the_file_expected(tmp_path):
