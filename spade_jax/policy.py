@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spade_jax import hf_cache
 from spade_jax.errors import ConfigError, MissingFileError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer, forward_logits
@@ -31,7 +31,6 @@ from spade_jax.weights import (
 )
 
 BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m-instruct": smollm2_gguf_path}
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the HF Hub spells ids
 
 
 def _logits_fn(graphdef, state, tokens, mask):
@@ -116,26 +115,12 @@ class Policy:
         )
 
 
-def hub_snapshot(repo_id: str) -> Path:
-    """The directory of HF Hub model `repo_id` in the local `huggingface_hub` cache (never
-    downloads); MissingFileError saying how to fetch it when it is not there."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except LocalEntryNotFoundError as error:
-        raise MissingFileError(
-            f"HF Hub model {repo_id!r} is not in the local Hugging Face cache "
-            f"({constants.HF_HUB_CACHE}); fetch it first: hf download {repo_id}") from error
-
-
 def _resolve(name_or_path: str | Path) -> Path:
     if str(name_or_path).lower() in BUILTIN_MODELS:
         return BUILTIN_MODELS[str(name_or_path).lower()]()
     path = Path(name_or_path).expanduser()
-    if not path.exists() and HUB_ID.match(str(name_or_path)):
-        path = hub_snapshot(str(name_or_path))
+    if not path.exists() and hf_cache.HUB_ID.match(str(name_or_path)):
+        path = hf_cache.snapshot(str(name_or_path))
     if not path.exists():
         raise MissingFileError(
             f"{name_or_path!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "

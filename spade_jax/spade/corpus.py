@@ -10,7 +10,11 @@ A corpus spec string selects the source:
 * ``text:GLOB``: one document per matching file (``**`` allowed), in sorted path order;
 * ``tfds:NAME[:SPLIT]``: a prepared tensorflow-datasets dataset read by random access
   (``tfds.data_source``, ``array_record`` format, no TensorFlow needed, never downloads);
-  split ``train`` by default, data dir from the argument or ``$TFDS_DATA_DIR``.
+  split ``train`` by default, data dir from the argument or ``$TFDS_DATA_DIR``;
+* ``hf:OWNER/NAME[:SPLIT]``: an HF Hub dataset repository from the local Hugging Face cache
+  (``hf download OWNER/NAME --repo-type dataset`` fetches it), read by ``datasets`` from its
+  data files (parquet, jsonl, ...) by random access; split ``train`` by default, the text
+  field as for ``tfds``.
 
 Documents are truncated to a whitespace-word budget (reference: 6000 words, with a
 truncation note) and sampled uniformly with a caller-supplied ``numpy`` Generator, a fresh
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from spade_jax import hf_cache
 from spade_jax.errors import SpadeError
 
 DEFAULT_MAX_WORDS = 6000
@@ -248,6 +253,30 @@ def _tfds_corpus(
     return Corpus(spec, len(source), fetch, max_words)
 
 
+def _hf_corpus(repo_id: str, split: str, text_field: str | None, max_words: int) -> Corpus:
+    try:
+        import datasets
+    except ImportError as error:
+        raise CorpusError("corpus 'hf:...' needs datasets: pip install -e .[hf]") from error
+    spec = f"hf:{repo_id}:{split}"
+    directory = hf_cache.snapshot(repo_id, repo_type="dataset")
+    try:
+        source = datasets.load_dataset(str(directory), split=split)
+    except Exception as error:
+        raise CorpusError(f"cannot read {spec} from {directory}: {type(error).__name__}: "
+                          f"{error}") from error
+    fields = (text_field,) if text_field else TFDS_TEXT_FIELDS
+    field = next((f for f in fields if f in source.column_names), None)
+    if field is None:
+        raise CorpusError(f"{spec} has none of the text fields {fields}; its columns are "
+                          f"{source.column_names}")
+
+    def fetch(index: int) -> Document:
+        return Document(f"{spec}:{index}", str(source[index][field]), {"source": spec})
+
+    return Corpus(spec, len(source), fetch, max_words)
+
+
 def load_corpus(
     spec: str,
     *,
@@ -268,9 +297,15 @@ def load_corpus(
         if not name:
             raise CorpusError(f"corpus spec {spec!r} names no dataset")
         return _tfds_corpus(name, split or "train", tfds_data_dir, tfds_text_field, max_words)
+    elif kind == "hf" and argument:
+        repo_id, _, split = argument.partition(":")
+        if not hf_cache.HUB_ID.match(repo_id):
+            raise CorpusError(f"corpus spec {spec!r}: {repo_id!r} is not an HF Hub id "
+                              "(OWNER/NAME)")
+        return _hf_corpus(repo_id, split or "train", tfds_text_field, max_words)
     else:
         raise CorpusError(
-            f"bad corpus spec {spec!r}; use 'stdlib', 'jsonl:PATH', 'text:GLOB' or "
-            "'tfds:NAME[:SPLIT]'"
+            f"bad corpus spec {spec!r}; use 'stdlib', 'jsonl:PATH', 'text:GLOB', "
+            "'tfds:NAME[:SPLIT]' or 'hf:OWNER/NAME[:SPLIT]'"
         )
     return Corpus(spec, len(documents), documents.__getitem__, max_words)

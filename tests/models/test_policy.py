@@ -79,6 +79,6 @@ def test_policy_from_an_hf_hub_id_in_the_local_cache(policy_dir, tmp_path, monke
     tokens = np.asarray([policy.tokenizer("find the key")["input_ids"]])
     np.testing.assert_array_equal(policy.logits(tokens),
                                   spade_jax.load_policy(policy_dir).logits(tokens))
-    with pytest.raises(MissingFileError, match=r"'spade-test/absent' is not in the local "
-                                               r"Hugging Face cache .*hf download"):
+    with pytest.raises(MissingFileError, match=r"model 'spade-test/absent' is not in the "
+                                               r"local Hugging Face cache .*hf download"):
         spade_jax.load_policy("spade-test/absent")

@@ -141,3 +141,45 @@ def test_tfds_source(tmp_path, monkeypatch):
         C.load_corpus(f"tfds:{name}", tfds_text_field="body").document(0)
     with pytest.raises(C.CorpusError, match="cannot open tfds:no_such_set:train"):
         C.load_corpus("tfds:no_such_set")
+
+
+def _hf_dataset_cache(cache, repo_id, splits):
+    """An HF Hub dataset repository laid out in `cache` as huggingface_hub stores it."""
+    datasets = pytest.importorskip("datasets")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"datasets--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
+    for split, rows in splits.items():
+        path = repo / "snapshots" / commit / "data" / f"{split}-00000-of-00001.parquet"
+        datasets.Dataset.from_dict(rows).to_parquet(str(path))
+
+
+def test_hf_source_reads_a_dataset_from_the_local_hub_cache(tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    import datasets
+    from huggingface_hub import constants
+
+    from spade_jax.errors import MissingFileError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _hf_dataset_cache(tmp_path / "hub", "spade-test/docs", {
+        "train": {"content": [f"train document {i} " + "word " * 10 for i in range(3)],
+                  "url": ["a", "b", "c"]},
+        "test": {"content": ["the held-out document"], "url": ["d"]}})
+
+    corpus = C.load_corpus("hf:spade-test/docs", max_words=3)
+    assert len(corpus) == 3
+    document = corpus.document(2)
+    assert document.doc_id == "hf:spade-test/docs:train:2"
+    assert document.text.startswith("train document 2")
+    assert "truncated" in document.text  # 3 of 12 words kept
+    assert C.load_corpus("hf:spade-test/docs:test").document(0).text == "the held-out document"
+    with pytest.raises(C.CorpusError, match=r"none of the text fields \('body',\)"):
+        C.load_corpus("hf:spade-test/docs", tfds_text_field="body")
+    with pytest.raises(MissingFileError, match=r"dataset 'spade-test/absent' is not in the local "
+                                               r"Hugging Face cache .*--repo-type dataset"):
+        C.load_corpus("hf:spade-test/absent")
