@@ -118,7 +118,7 @@ def _aime_column(year: int) -> Column:
 
 def bfcl_v4_score(records: Sequence[dict]) -> float | None:
     """BFCL v4 overall accuracy of the records (None unless every category was played)."""
-    by_category: dict[str, list[float]] = {}
+    by_category: dict[str, list[bool]] = {}
     for record in records:
         by_category.setdefault(record["category"], []).append(record["return"] >= 1.0)
     scores = {c: (sum(solved) / len(solved), len(solved)) for c, solved in by_category.items()}
