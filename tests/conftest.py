@@ -23,3 +23,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "heavy" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    """One persistent compilation cache for the whole test session (a fresh directory each
+    time): tests that build the same small model compile each program once, not once per test.
+    SPADE_TEST_COMPILE_CACHE=0 turns it off."""
+    if os.environ.get("SPADE_TEST_COMPILE_CACHE", "1") == "0":
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    import jax
+
+    directory = tempfile.mkdtemp(prefix="spade-test-compile-cache-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
