@@ -105,3 +105,30 @@ esac
     assert len(trains) == 2 and trains[0] == trains[1]
     assert "--workdir=gs://my-bucket/runs/30b-v5p64" in trains[1]
     assert "restart 1 of 10" in result.stderr
+
+
+def readme_pod_runs() -> list[tuple[dict, list[str]]]:
+    """(the exported settings, the arguments) of each pod_run.sh command in the README."""
+    text = (GCP / "README.md").read_text().replace("\\\n", " ")
+    out, env = [], {}
+    for line in text.splitlines():
+        if not line.startswith(("export ", "bash launch/gcp/pod_run.sh")):
+            continue
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            env = dict(w.split("=", 1) for w in words[1:])
+        elif words[:2] == ["bash", "launch/gcp/pod_run.sh"]:
+            out.append((env, words[2:]))
+    return out
+
+
+def test_readme_pod_runs_are_valid_dry_runs():
+    """The README's pod recipes (v5p-64 and v5e-256) parse and print a whole run."""
+    runs = readme_pod_runs()
+    assert {_flag(args, "--accelerator-type") for _, args in runs} >= {"v5p-64",
+                                                                       "v5litepod-256"}
+    for env, args in runs:
+        result = _run(GCP / "pod_run.sh", [a for a in args if a != "--dry-run"] + ["--dry-run"],
+                      env, cwd=GCP.parents[1])
+        assert result.returncode == 0, (args, result.stderr)
+        assert [t.split()[0] for t, _ in steps(result.stdout)][-2:] == ["resume", "the"]
