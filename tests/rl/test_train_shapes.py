@@ -68,7 +68,8 @@ def test_row_buckets():
 def test_many_row_counts_and_lengths_compile_a_handful_of_programs():
     """Ten "cycles" of 1-20 samples of 4-200 tokens: every call is (micro-batch or row bucket)
     x (64 or 128 tokens), so the step compiles at most 2 lengths x 3 row counts + the empty sums
-    + the update = 8 programs, and a second pass over new batches compiles nothing."""
+    + the update = 8 programs, and a second pass over new batches compiles nothing (XLA's own
+    compile events) and adds no program to the step's caches."""
     rng = np.random.default_rng(0)
     state, step = fresh_step()
     shapes = set()
@@ -86,11 +87,12 @@ def test_many_row_counts_and_lengths_compile_a_handful_of_programs():
     assert shapes <= {(rows, length) for rows in (1, 2, 4) for length in (64, 128)}
     assert len(shapes) >= 4  # the draws did cover several shapes
     assert step.compiled_programs() == len(shapes) + 2 <= 8
-    train_compiles = len(compiles)
+    programs, train_compiles = step.compiled_programs(), len(compiles)
     with counting_backend_compiles() as compiles:
         for _ in range(5):
             state = cycle(state)
     assert len(compiles) == 0, f"{len(compiles)} recompiles after {train_compiles} compiles"
+    assert step.compiled_programs() == programs  # none loaded from a persistent cache either
 
 
 @pytest.mark.parametrize("aggregation", list(LossAggregation))
