@@ -2,6 +2,12 @@
 
     python -m spade_jax.plan --config=configs/30b.py --topology=v5p-64
     python -m spade_jax.plan --config=configs/8b.py --devices=16 --hbm-gib=32
+    python -m spade_jax.plan --config=configs/30b.py --topology=v5p-64 --compiled
+
+`--compiled` adds the plan derived from the code itself (`compiled_plan`): XLA's per-device
+memory analysis of the compiled train step and sampler programs at the config's true widths
+at 2 and 3 layers, on as many fake CPU devices as the slice has chips, extrapolated per layer,
+plus the resident state (minutes for 30B on a CPU host: 9 on 2 busy cores).
 
 Nothing is allocated: the model is built with `nnx.eval_shape`, and each parameter's spec is
 fitted to an `AbstractMesh` of the configured (data, fsdp, tensor) shape exactly as on real
@@ -226,6 +232,99 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
     return "\n".join(lines)
 
 
+SAMPLER_PROGRAMS = ("sampler.extend", "sampler.decode")
+BASE_LAYERS = 2  # the compiled plan's programs are compiled at 2 and 3 decoder layers
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPlan:
+    """Per-device bytes from XLA's memory analysis of the compiled programs (the code itself,
+    not a model of it): each program's peak (arguments + outputs - donated + temporaries) at
+    `BASE_LAYERS` and one more decoder layer of the config's true widths, extrapolated linearly
+    to `layers`, plus what stays resident beside it (exact, from the full-depth abstract
+    state's shardings). Not 1 layer: XLA compiles a one-step layer loop as straight-line code,
+    whose buffers are not on the line through deeper programs."""
+
+    layers: int
+    program_peaks: dict[str, tuple[int, int]]  # program -> peak at BASE_LAYERS and one more
+    parameters: int  # master weights at full depth
+    optimizer: int  # AdamW state at full depth
+    sampler_weights: int  # the sampler's compute-dtype copy (0: it shares the masters)
+    reference_weights: int  # KL's frozen copy (an argument of the train step, not the sampler)
+
+    def program_peak(self, name: str, layers: int | None = None) -> int:
+        """`name`'s peak at `layers` (default: the config's depth), one layer's slope added."""
+        one, two = self.program_peaks[name]
+        return one + ((layers or self.layers) - BASE_LAYERS) * (two - one)
+
+    @property
+    def sampling_peak(self) -> int:
+        """The larger sampler program (its weights and KV cache are its arguments) beside the
+        optimizer state, the master weights when the sampler has its own copy, and KL's copy."""
+        masters = self.parameters if self.sampler_weights else 0
+        program = max(self.program_peak(name) for name in SAMPLER_PROGRAMS)
+        return program + self.optimizer + masters + self.reference_weights
+
+    @property
+    def training_peak(self) -> int:
+        """The train step (weights, optimizer state, KL copy and batch are its arguments)
+        beside the sampler's weight copy."""
+        return self.program_peak("train_step") + self.sampler_weights
+
+    @property
+    def peak(self) -> int:
+        return max(self.sampling_peak, self.training_peak)
+
+
+def compiled_plan(run, n_devices: int) -> CompiledPlan:
+    """The `CompiledPlan` of a RunConfig on `n_devices` (visible devices, e.g. fake CPUs):
+    compiles the train step (one micro-batch of train.seq_len tokens: `spade.batch.train_groups`'
+    largest call) and the sampler's extend and decode (the rollout batch over
+    sampling.max_context slots) at `BASE_LAYERS` and one more layer with
+    `spade_jax.readiness.check`."""
+    from spade_jax.readiness import check
+
+    peaks: dict[str, list[int]] = {}
+    for layers in (BASE_LAYERS, BASE_LAYERS + 1):
+        reports, summary = check(run, n_devices, layers=layers, seq_len=None, micro_batches=1)
+        for report in reports:
+            if not report.memory:
+                raise RuntimeError(f"the {jax.default_backend()} backend gives no memory "
+                                   f"analysis of {report.name}: run the plan on CPU")
+            peaks.setdefault(report.name, []).append(report.memory["peak"])
+    full = summary["full_state"]
+    ratio = jnp.dtype(run.model.compute_dtype).itemsize / jnp.dtype(
+        run.model.param_dtype).itemsize
+    copy = int(full["params_bytes"] * ratio)
+    return CompiledPlan(
+        layers=full["layers"], program_peaks={k: tuple(v) for k, v in peaks.items()},
+        parameters=full["params_bytes"], optimizer=full["optimizer_bytes"],
+        sampler_weights=copy if ratio != 1 else 0,
+        reference_weights=copy if run.train.kl_coef else 0)
+
+
+def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
+    """A report of `plan` and its verdict against `hbm_gib` per device."""
+    g = lambda b: f"{b / GIB:9.2f} GiB"  # noqa: E731
+    lines = [f"compiled programs (XLA memory analysis at {BASE_LAYERS} and {BASE_LAYERS + 1} "
+             f"layers, extrapolated to {plan.layers}), per device:"]
+    for name, (one, two) in plan.program_peaks.items():
+        lines.append(f"  {name:<16}{g(plan.program_peak(name))}   ({one / GIB:.2f} GiB at "
+                     f"{BASE_LAYERS} layers, {(two - one) / GIB:+.3f} GiB per layer)")
+    lines += [
+        f"  parameters      {g(plan.parameters)}   resident (full depth)",
+        f"  optimizer       {g(plan.optimizer)}   resident (full depth)",
+        f"  sampler weights {g(plan.sampler_weights)}   resident copy (0: shares the masters)",
+        f"  KL reference    {g(plan.reference_weights)}",
+        f"  sampling peak   {g(plan.sampling_peak)}   sampler program + optimizer + copies",
+        f"  training peak   {g(plan.training_peak)}   train step + sampler copy",
+    ]
+    verdict = "fits" if plan.peak <= hbm_gib * GIB else "does NOT fit"
+    lines.append(f"verdict (compiled): {verdict} ({plan.peak / GIB:.1f} of {hbm_gib:g} GiB per "
+                 "device; CPU buffer assignment, the TPU's may differ)")
+    return "\n".join(lines)
+
+
 def plan_from_config(run, n_devices: int) -> tuple[ModelConfig, TrainShape]:
     """The architecture and TrainShape of a `RunConfig` (spade_jax.config.parse) on
     `n_devices`."""
@@ -315,8 +414,15 @@ def main(argv) -> None:
                           "--hbm-gib=G")
     from spade_jax.config import parse
 
-    cfg, shape = plan_from_config(parse(FLAGS.config), n_devices)
+    if FLAGS.compiled:
+        from spade_jax.readiness import ensure_devices
+
+        ensure_devices(n_devices, "spade_jax.plan")
+    run = parse(FLAGS.config)
+    cfg, shape = plan_from_config(run, n_devices)
     print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
+    if FLAGS.compiled:
+        print(format_compiled_plan(compiled_plan(run, n_devices), hbm_gib))
 
 
 def _define_flags() -> None:
@@ -327,6 +433,9 @@ def _define_flags() -> None:
     flags.DEFINE_string("topology", None, "TPU slice: v4-N, v5p-N (N cores), v5e-N or v6e-N")
     flags.DEFINE_integer("devices", None, "number of devices (instead of --topology)")
     flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB (with --devices)")
+    flags.DEFINE_bool("compiled", False, "also compile the train step and sampler programs at 2 "
+                      "and 3 layers on fake CPU devices and extrapolate XLA's per-device memory "
+                      "analysis (minutes for a 30B config)")
     flags.mark_flag_as_required("config")
 
 

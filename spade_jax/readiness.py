@@ -252,8 +252,9 @@ def lower_for_platform(run_cfg, n_devices: int, *, platform: str = "tpu", seq_le
     return ProgramReport(f"train_step[{platform}]", seconds), lowered.as_text()
 
 
-def _ensure_devices(n_devices: int) -> None:
-    """On CPU, re-run this command with `n_devices` fake devices when fewer are visible."""
+def ensure_devices(n_devices: int, module: str = "spade_jax.readiness") -> None:
+    """On CPU, re-run this command (`python -m module ...`) with `n_devices` fake devices when
+    fewer are visible."""
     flags = os.environ.get("XLA_FLAGS", "")
     if CPU_DEVICES_FLAG in flags or os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":
         return
@@ -264,7 +265,7 @@ def _ensure_devices(n_devices: int) -> None:
     env = dict(os.environ, XLA_FLAGS=f"{flags} {CPU_DEVICES_FLAG}={n_devices}".strip(),
                JAX_PLATFORMS="cpu")
     sys.stdout.flush()
-    sys.exit(subprocess.call([sys.executable, "-m", "spade_jax.readiness", *sys.argv[1:]],
+    sys.exit(subprocess.call([sys.executable, "-m", module, *sys.argv[1:]],
                              env=env))
 
 
@@ -278,7 +279,7 @@ def main(argv) -> None:
 
     FLAGS = flags.FLAGS
     n_devices, hbm_gib = topology_devices(FLAGS.topology)
-    _ensure_devices(n_devices)
+    ensure_devices(n_devices)
     import jax
 
     from spade_jax.config import parse

@@ -10,13 +10,15 @@ from __future__ import annotations
 import flax.nnx as nnx
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
-    """A ('data', 'fsdp', 'tensor') mesh; fails with an actionable message on a bad shape."""
+    """A ('data', 'fsdp', 'tensor') mesh laid along the hardware's links (`device_grid`);
+    fails with an actionable message on a bad shape."""
     devices = list(devices if devices is not None else jax.devices())
     if len(shape) != 3 or any(int(s) < 1 for s in shape):
         raise ValueError(f"mesh shape {shape} must be three positive ints (data, fsdp, tensor)")
@@ -26,7 +28,38 @@ def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
             f"mesh shape {tuple(shape)} needs {needed} devices but {len(devices)} are visible; "
             f"set mesh.data * mesh.fsdp * mesh.tensor = {len(devices)}"
         )
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+    return Mesh(device_grid(tuple(int(s) for s in shape), devices), MESH_AXES)
+
+
+def device_grid(shape: tuple[int, int, int], devices: list) -> np.ndarray:
+    """`devices` as a `shape` array whose neighbouring entries are linked devices.
+
+    On one slice `mesh_utils.create_device_mesh` maps the axes onto the TPU torus (the last,
+    most communicating axis on the fastest links; CPUs and GPUs keep their order). Devices on
+    several slices (`slice_index`) get `create_hybrid_device_mesh`: the slices are split over
+    'data' (only the gradient all-reduce crosses the data-centre network) or, when 'data' does
+    not divide into them, over 'fsdp'.
+    """
+    if len(devices) == 1:
+        return np.asarray(devices).reshape(shape)
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if slices == 1:
+        return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    across = slice_axes(shape, slices)
+    within = tuple(s // a for s, a in zip(shape, across, strict=True))
+    return mesh_utils.create_hybrid_device_mesh(within, across, devices,
+                                                allow_split_physical_axes=True)
+
+
+def slice_axes(shape: tuple[int, int, int], slices: int) -> tuple[int, int, int]:
+    """How many slices each mesh axis spans: all on 'data' if it divides, else on 'fsdp'."""
+    data, fsdp, _ = shape
+    if data % slices == 0:
+        return slices, 1, 1
+    if fsdp % slices == 0:
+        return 1, slices, 1
+    raise ValueError(f"mesh {tuple(shape)} cannot be split over {slices} slices: make mesh.data "
+                     f"(best: only gradients cross slices) or mesh.fsdp a multiple of {slices}")
 
 
 def traced_in_mesh(fn, mesh: Mesh):

@@ -200,7 +200,9 @@ class TrainStep:
     tis_cap), kl. `grouped(state, [(batch, micro_batches), ...])` is
     one optimizer step over several batches of different lengths (RL batches mix 4k-token
     Designer samples with short Agent episodes: each group is padded to its own length, not
-    the longest), with the same exact accumulation.
+    the longest), with the same exact accumulation: each group's program adds into one donated
+    set of sums, so a batch shape costs one compile (`spade.batch.train_groups` keeps the
+    shapes few; `compiled_programs` counts them).
 
     `skipped_tokens` / `skipped_samples`: generated tokens and samples left out of the batch
     because their advantage is 0. With no KL term their loss and gradient are exactly 0, so
@@ -222,7 +224,6 @@ class TrainStep:
         self.shardings = state_shardings(model_cfg, optimizer, mesh)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self._jitted: dict = {}
-        self._add_sums = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,))
         self._apply_sums = jax.jit(self._apply, donate_argnums=(0,),
                                    out_shardings=(self.shardings, self.replicated))
 
@@ -233,8 +234,9 @@ class TrainStep:
     def _batch_sharding(self, a) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
 
-    def _gradient_sums(self, params, reference, batch: dict, m: int):
-        """(float32 grad sums, loss numerator, count and metric sums) over `m` micro-batches."""
+    def _gradient_sums(self, params, reference, batch: dict, m: int, initial=None):
+        """(float32 grad sums, loss numerator, count and metric sums) over `m` micro-batches,
+        added to `initial` (sums of earlier batches) when given."""
         micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES))
         micro = jax.tree.map(
             lambda a: jax.lax.with_sharding_constraint(
@@ -250,12 +252,18 @@ class TrainStep:
             grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
             return (grads, loss + value, jax.tree.map(jnp.add, sums, mb_sums)), None
 
-        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        _, zero_sums = jax.eval_shape(self._loss, params, jax.tree.map(lambda a: a[0], micro),
-                                      reference)
-        zero_sums = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero_sums)
-        acc, _ = jax.lax.scan(accumulate, (zero_grads, jnp.float32(0), zero_sums), micro)
+        if initial is None:
+            initial = self._zero_sums(params, jax.tree.map(lambda a: a[0], micro), reference)
+        acc, _ = jax.lax.scan(accumulate, initial, micro)
         return acc
+
+    def _zero_sums(self, params, micro: dict, reference):
+        """Zeros shaped like `_gradient_sums`' result (traced: the sums' keys come from the
+        loss)."""
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        _, zero_sums = jax.eval_shape(self._loss, params, micro, reference)
+        zero_sums = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zero_sums)
+        return zero_grads, jnp.float32(0), zero_sums
 
     def _apply(self, state: TrainState, acc, skipped):
         """Divide the sums once and take the optimizer step."""
@@ -274,7 +282,8 @@ class TrainStep:
         return TrainState(params, opt_state, state.step + 1), out
 
     def _jitted_for(self, kind: str, batch: dict, m: int, reference):
-        """The compiled 'step' (gradients and update) or 'grads' (sums only) for this shape."""
+        """The compiled 'step' (gradients and update), 'zeros' (empty sums) or 'accumulate'
+        (sums added to donated earlier sums) for this batch shape."""
         has_ref = reference is not None
         if self.config.kl_coef and not has_ref:
             raise ValueError(f"train.kl_coef={self.config.kl_coef} needs the frozen reference "
@@ -293,10 +302,27 @@ class TrainStep:
                     out_shardings=(self.shardings, rep), donate_argnums=(0,))
             else:
                 self._jitted[key] = jax.jit(
-                    lambda params, ref, b: self._gradient_sums(params, ref, b, m),
-                    in_shardings=(self.shardings.params, ref_sh, in_batch),
-                    out_shardings=(self.shardings.params, rep, rep))
+                    lambda params, ref, b, acc: self._gradient_sums(params, ref, b, m, acc),
+                    in_shardings=(self.shardings.params, ref_sh, in_batch,
+                                  (self.shardings.params, rep, rep)),
+                    out_shardings=(self.shardings.params, rep, rep), donate_argnums=(3,))
         return self._jitted[key]
+
+    def _zeros_for(self, params, batch: dict, reference):
+        """The compiled program making empty sums: one per set of batch keys, whatever the
+        batch's shape (the sums are scalars and parameter-shaped)."""
+        key = ("zeros", reference is not None, tuple(sorted(batch)))
+        if key not in self._jitted:
+            abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
+            shapes = jax.eval_shape(self._zero_sums, params, abstract, reference)
+            self._jitted[key] = jax.jit(
+                lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes),
+                out_shardings=(self.shardings.params, self.replicated, self.replicated))
+        return self._jitted[key]
+
+    def compiled_programs(self) -> int:
+        """How many programs this step has compiled: one per kind and batch shape it met."""
+        return sum(f._cache_size() for f in (*self._jitted.values(), self._apply_sums))
 
     def _to_device(self, batch: dict) -> dict:
         """Host batch -> arrays split over the data axes. `device_put`, not `jnp.asarray`: it
@@ -318,16 +344,11 @@ class TrainStep:
         if not groups:
             raise ValueError("grouped train step needs at least one batch")
         groups = [(self._to_device(b), m) for b, m in groups]
-        skipped = self._skipped(skipped_tokens, skipped_samples)
-        if len(groups) == 1:
-            batch, m = groups[0]
-            return self._jitted_for("step", batch, m, reference)(state, reference, batch,
-                                                                 skipped)
-        acc = None
-        for batch, m in groups:
-            part = self._jitted_for("grads", batch, m, reference)(state.params, reference, batch)
-            acc = part if acc is None else self._add_sums(acc, part)
-        return self._apply_sums(state, acc, skipped)
+        acc = self._zeros_for(state.params, groups[0][0], reference)()
+        for batch, m in groups:  # the sums are donated: one accumulator, as in one batch's scan
+            acc = self._jitted_for("accumulate", batch, m, reference)(state.params, reference,
+                                                                      batch, acc)
+        return self._apply_sums(state, acc, self._skipped(skipped_tokens, skipped_samples))
 
     def lower(self, state: TrainState, batch: dict, *, reference=None, **lower_kwargs):
         """`jax.jit(...).lower` of the step for abstract (ShapeDtypeStruct) state and batch.

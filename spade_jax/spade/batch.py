@@ -155,3 +155,38 @@ def assemble_batch(
         )
         batch["is_designer"][row] = sample.role is Role.DESIGNER
     return batch
+
+
+def row_bucket(rows: int, data_parallel: int, micro_rows: int) -> int:
+    """Rows of a call holding `rows` samples: `data_parallel` times a power of two, at most
+    `micro_rows` (a few row counts, few compiles; a short call is not padded to a micro-batch)."""
+    if not 1 <= rows <= micro_rows or micro_rows % data_parallel:
+        raise ValueError(f"rows={rows} must be in [1, micro_rows={micro_rows}] and micro_rows a "
+                         f"multiple of data_parallel={data_parallel}")
+    bucket = data_parallel
+    while bucket < rows:
+        bucket *= 2
+    return min(bucket, micro_rows)
+
+
+def train_groups(samples: list[TrainSample], *, pad_id: int, data_parallel: int,
+                 micro_batch: int, max_len: int) -> list[tuple[dict[str, np.ndarray], int]]:
+    """The train step's (batch, micro-batches) calls for `samples`: few distinct shapes.
+
+    Per length group (`length_groups`), one call per full micro-batch (`micro_batch` rounded up
+    to the data-parallel size) and the remaining rows padded to a `row_bucket`. Shapes are
+    therefore (micro rows or a bucket) x (a power-of-two length), whatever the sample count, so
+    a run compiles each only once (`TrainStep.grouped` accumulates the calls exactly; padding
+    rows have no loss token and weigh nothing).
+    """
+    micro_rows = -(-micro_batch // data_parallel) * data_parallel
+    calls = []
+    for group in length_groups(samples, max_len):
+        for start in range(0, len(group), micro_rows):
+            part = group[start:start + micro_rows]
+            batch = assemble_batch(part, pad_id=pad_id, max_len=max_len,
+                                   rows_multiple=row_bucket(len(part), data_parallel,
+                                                            micro_rows))
+            batch.pop("is_designer")
+            calls.append((batch, 1))
+    return calls

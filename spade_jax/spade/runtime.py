@@ -29,9 +29,8 @@ from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
 from spade_jax.spade.batch import (
     TrainSample,
-    assemble_batch,
     drop_zero_advantage,
-    length_groups,
+    train_groups,
 )
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner, ShardedEnvRunner
@@ -179,22 +178,14 @@ class Runtime:
         Each sample's sampler log-probs go to the batch as `behaviour_logp` (TIS); the PPO
         old_logp is the train step's own forward (one step per rollout, as the reference).
         """
-        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        rows_per_micro = -(-self.train_config.micro_batch // dp) * dp
         max_len = self.train_config.seq_len
         # without a KL term, zero-advantage samples have exactly zero loss and gradient
         computed, skipped_tokens, skipped_samples = (
             drop_zero_advantage(samples, max_len) if not self.train_config.kl_coef
             else (samples, 0, 0))
-        groups = []
-        for group in length_groups(computed, max_len):
-            # a group smaller than one micro-batch is padded only to the data-parallel size
-            rows_multiple = rows_per_micro if len(group) >= rows_per_micro else dp
-            batch = assemble_batch(group, pad_id=0, rows_multiple=rows_multiple,
-                                   max_len=max_len)
-            rows = batch["tokens"].shape[0]
-            groups.append(({k: v for k, v in batch.items() if k != "is_designer"},
-                           max(1, rows // rows_per_micro)))
+        groups = train_groups(computed, pad_id=0, max_len=max_len,
+                              data_parallel=self.mesh.shape["data"] * self.mesh.shape["fsdp"],
+                              micro_batch=self.train_config.micro_batch)
         assert_same_on_all_processes(
             {f"{i}/{k}": v for i, (batch, _) in enumerate(groups) for k, v in batch.items()},
             "the train batch")

@@ -19,7 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GCP = REPO / "launch" / "gcp"
 GPU = REPO / "launch" / "gpu"
-GCP_SCRIPTS = ["create_slice.sh", "setup_workers.sh", "train.sh", "logs.sh", "delete_slice.sh"]
+GCP_SCRIPTS = ["create_slice.sh", "setup_workers.sh", "train.sh", "logs.sh", "delete_slice.sh",
+               "pod_run.sh"]
 ALL_SCRIPTS = (
     [GCP / s for s in GCP_SCRIPTS]
     + [GCP / "common.sh"]
@@ -64,6 +65,7 @@ GCP_ENV = {
 GCP_ARGS = {
     "create_slice.sh": ["--accelerator-type=v5p-64"],
     "train.sh": ["--config=configs/30b.py", "--run=r1"],
+    "pod_run.sh": ["--accelerator-type=v5p-64", "--config=configs/30b.py", "--run=r1"],
 }
 
 
