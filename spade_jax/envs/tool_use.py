@@ -29,9 +29,11 @@ and implements ``tool_<name>(self, **kwargs) -> str`` methods and ``solution()``
    retrying never pays); a subclass may allow more attempts, then a wrong answer is reported and
    the episode continues until the attempts are used up.
 2. Otherwise every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block (at most
-   ``max_calls_per_step``) is executed in order and the results become the observation. An
-   unknown tool gives reward 0.0 and lists the available tools; an exception inside a tool is
-   caught and returned as the text ``"Error calling X: e"``.
+   ``max_calls_per_step``) is executed in order and the results become the observation, with
+   ``info[TOOL_RESULTS] = True`` so that the host hands it to the model as the chat template's
+   ``tool`` turn (other observations are user turns). An unknown tool gives reward 0.0 and lists
+   the available tools; an exception inside a tool is caught and returned as the text
+   ``"Error calling X: e"``.
 3. Neither (or malformed JSON): a format error, reward -0.1, not terminated, with an observation
    that explains the format.
 
@@ -52,7 +54,9 @@ import random
 import re
 import string
 
-__all__ = ["ToolUseEnv", "ToolUseBaseEnv", "parse_tool_calls"]
+__all__ = ["TOOL_RESULTS", "ToolUseEnv", "ToolUseBaseEnv", "parse_tool_calls"]
+
+TOOL_RESULTS = "tool_results"  # step info key: the observation holds the results of tool calls
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL | re.IGNORECASE)
@@ -406,7 +410,8 @@ class ToolUseEnv:
         if all_done:
             return self._finish("\n".join(parts) + "\nAll requests are complete.", 1.0, True)
         obs = "\n".join(parts + ([new_msgs] if new_msgs else []))
-        return self._finish(obs + f"\n(turn {self.turn}/{self.max_turns})", reward, False)
+        return self._finish(obs + f"\n(turn {self.turn}/{self.max_turns})", reward, False,
+                            {TOOL_RESULTS: True})
 
 
 ToolUseBaseEnv = ToolUseEnv
