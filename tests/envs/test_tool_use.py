@@ -78,6 +78,15 @@ def test_bad_calls_become_observations_not_crashes(action, expected, reward, too
     assert obs.startswith("[echo] ok") and info[TOOL_RESULTS]  # the episode goes on
 
 
+def test_calls_over_the_per_turn_limit_are_not_run_and_the_observation_says_so():
+    env = EchoEnv(max_turns=5)
+    limit = EchoEnv.max_calls_per_step
+    obs = env.step("".join(call("echo", text=str(i)) for i in range(limit + 2)))[0]
+    assert [line for line in obs.splitlines() if line.startswith("[echo]")] == [
+        f"[echo] {i}" for i in range(limit)]
+    assert "the other 2 were not run" in obs, obs
+
+
 def test_tool_output_over_the_limit_is_cut_and_marked():
     env = EchoEnv(max_turns=5)
     obs = env.step(call("echo", text="x", n=10**6))[0]
