@@ -73,7 +73,7 @@ def judged(report, verdict: Verdict, reasoning: str):
         return report
     excerpt = " ".join(reasoning.split())[:200]
     return dataclasses.replace(report, ok=False, failures=[
-        (SELF_VALIDATION_CHECK, f"the policy judged the environment unsolvable: {excerpt}")])
+        (SELF_VALIDATION_CHECK, f"the policy's self-validation verdict was no: {excerpt}")])
 
 
 def design_environments(
