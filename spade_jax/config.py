@@ -374,7 +374,6 @@ class SpadeConfig:
     max_turns: int
     max_attempts: int
     game_type: GameType
-    self_validation: bool
     reward_variant: RewardVariant
     penalize_invalid: bool
     hint_mode: HintMode
@@ -388,6 +387,7 @@ class SpadeConfig:
     no_corpus: bool
     no_memory: bool
     no_designer_training: bool
+    self_validation: bool = False  # a default: config.json of earlier runs has no such key
 
     def problems(self) -> list[str]:
         out = []
