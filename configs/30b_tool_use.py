@@ -8,13 +8,12 @@ reference default of `base_config` (docs/reference_parity.md).
 from pathlib import Path
 
 from spade_jax.config import load_config_file
-from spade_jax.envs.skills import TOOL_USE_SKILLS
 
 
 def get_config():
     c = load_config_file(Path(__file__).with_name("30b.py"))  # same model, mesh and dtypes
-    c.spade.game_type = "tool_use"
-    c.spade.skills = tuple(TOOL_USE_SKILLS)  # the reference's 6 tool-use skills
+    c.spade.game_type = "tool_use"  # and its 6 skills (the default of spade.skills)
+    c.spade.self_validation = True  # --spade-use-env-validator (the training model judges)
     c.spade.regen_interval = 8  # REGEN_INTERVAL default 8
     c.spade.designer_delay = 8  # PROPOSER_DELAY default 8
     c.sampling.hint_max_new_tokens = 2048  # HINT_MAX_TOKENS default 2048

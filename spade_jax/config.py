@@ -104,6 +104,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampling.hint_top_p = 0.9
     c.sampling.hint_top_k = 20
     c.sampling.hint_max_new_tokens = 4096  # games; 2048 in the tool-use recipes
+    # The self-validation verdict (spade.self_validation): the reference's env_validator_*
+    # (temperature 0.3, 16384 tokens) through the same adapter as the hint call (top-p 0.9).
+    c.sampling.validator_temperature = 0.3
+    c.sampling.validator_top_p = 0.9
+    c.sampling.validator_top_k = 20
+    c.sampling.validator_max_new_tokens = 16384
     c.sampling.max_context = 32768
 
     c.train = ml_collections.ConfigDict()
@@ -124,7 +130,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.seq_len = 32768  # longest trained sequence (memory plan)
 
     c.spade = ml_collections.ConfigDict()
-    c.spade.skills = tuple(GameType.GAME.skills)  # of spade.game_type
+    c.spade.skills = ()  # empty: every skill of spade.game_type (six games or six tool-use)
     c.spade.skills_per_regen = 3
     c.spade.regen_interval = 4
     c.spade.games_per_cycle = 24
@@ -135,6 +141,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
     c.spade.game_type = GameType.GAME.value  # game | tool_use
+    # The policy judges each environment that passed the gate against the spec (reference
+    # --spade-use-env-validator: on in the tool-use recipes); a rejected design is invalid.
+    c.spade.self_validation = False
     c.spade.reward_variant = RewardVariant.BLEND.value
     # False (reference): an invalid design is retried and never trained; True: trained at -1.
     c.spade.penalize_invalid = False
@@ -290,7 +299,7 @@ class MeshConfig:
         return tuple(dims)
 
 
-ROLES = ("designer", "agent", "hint")
+ROLES = ("designer", "agent", "hint", "validator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,10 +318,14 @@ class SamplingConfig:
     hint_top_p: float = 0.9
     hint_top_k: int = 20
     hint_max_new_tokens: int = 4096
+    validator_temperature: float = 0.3
+    validator_top_p: float = 0.9
+    validator_top_k: int = 20
+    validator_max_new_tokens: int = 16384
     max_context: int = 32768
 
     def decoding(self, role: str) -> Decoding:
-        """The sampler settings of `role` ('designer', 'agent' or 'hint')."""
+        """The sampler settings of `role` ('designer', 'agent', 'hint' or 'validator')."""
         if role not in ROLES:
             raise ValueError(f"unknown sampling role {role!r}; use one of {ROLES}")
         return Decoding(*(getattr(self, f"{role}_{k}") for k in
@@ -330,6 +343,10 @@ class SamplingConfig:
     def hint(self) -> Decoding:
         return self.decoding("hint")
 
+    @property
+    def validator(self) -> Decoding:
+        return self.decoding("validator")
+
     def problems(self) -> list[str]:
         keys = [f"{r}_max_new_tokens" for r in ROLES] + ["max_context"]
         out = [f"{k}={getattr(self, k)} must be >= 1" for k in keys if getattr(self, k) < 1]
@@ -346,7 +363,8 @@ class SamplingConfig:
 class SpadeConfig:
     """The SPADE cycle: what the Designer is asked for, how often, and how it is rewarded.
 
-    `parse` leaves an enum field None when its value was refused (and reported).
+    `parse` leaves an enum field None when its value was refused (and reported), and fills an
+    empty `skills` with every skill of `game_type`.
     """
 
     skills: tuple[str, ...]
@@ -373,6 +391,7 @@ class SpadeConfig:
     no_corpus: bool
     no_memory: bool
     no_designer_training: bool
+    self_validation: bool = False  # a default: config.json of earlier runs has no such key
 
     def problems(self) -> list[str]:
         out = []
@@ -381,7 +400,7 @@ class SpadeConfig:
         if unknown:
             out.append(f"skills has unknown {sorted(unknown)} for game_type="
                        f"{self.game_type.value!r}; known: {known}")
-        if not 1 <= self.skills_per_regen <= len(self.skills):
+        if self.skills and not 1 <= self.skills_per_regen <= len(self.skills):
             out.append(f"skills_per_regen={self.skills_per_regen} must be in "
                        f"1..{len(self.skills)}")
         if self.designer_delay < 0:
@@ -496,6 +515,13 @@ def _section(record_cls, values: dict, key: str, problems: list[str]):
     return record
 
 
+def default_skills(skills, game_type: GameType | None) -> tuple[str, ...]:
+    """`skills` as a tuple; when empty, every skill of `game_type` (none if it was refused)."""
+    if skills:
+        return tuple(skills)
+    return tuple(game_type.skills) if game_type is not None else ()
+
+
 def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunConfig:
     """The typed `RunConfig` of `cfg`; a ConfigError listing every problem, by key path.
 
@@ -520,8 +546,9 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
     t["loss_aggregation"] = _choice(LossAggregation, t["loss_aggregation"],
                                     "train.loss_aggregation", problems)
-    s = dict(c["spade"], skills=tuple(c["spade"]["skills"]))
+    s = dict(c["spade"])
     s["game_type"] = _choice(GameType, s["game_type"], "spade.game_type", problems)
+    s["skills"] = default_skills(s["skills"], s["game_type"])
     s["reward_variant"] = _choice(RewardVariant, s["reward_variant"], "spade.reward_variant",
                                   problems)
     s["hint_mode"] = _choice(HintMode, s["hint_mode"], "spade.hint_mode", problems)

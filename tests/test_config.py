@@ -11,7 +11,7 @@ from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat
 from spade_jax.spade.hints import HintMode
 from spade_jax.spade.memory import MemoryMode
-from spade_jax.spade.prompts import TOOL_USE_SKILLS, GameType
+from spade_jax.spade.prompts import SKILLS, TOOL_USE_SKILLS, GameType
 from spade_jax.spade.rewards import RewardVariant
 
 
@@ -71,12 +71,24 @@ def test_tool_use_skills_follow_the_game_type():
     assert problem.startswith("spade.skills has unknown") and skills[0] in problem, problem
 
 
+@pytest.mark.parametrize("game_type, skills", [("game", SKILLS), ("tool_use", TOOL_USE_SKILLS)])
+def test_the_skills_default_to_every_skill_of_the_game_type(game_type, skills):
+    run = parse(tiny(**{"spade.game_type": game_type}))
+    assert run.spade.skills == tuple(skills) and len(run.spade.skills) == 6
+
+
+def test_a_refused_game_type_is_the_only_problem_even_with_default_skills():
+    [problem] = problems_of(tiny(**{"spade.game_type": "tool use"}))
+    assert problem.startswith("spade.game_type='tool use': use one of"), problem
+
+
 def test_the_laptop_tool_use_config_is_the_laptop_config_with_tool_use():
     games, tools = parse(load_config_file("smollm2_135m")), parse(
         load_config_file("smollm2_135m_tool_use"))
     assert tools.spade.game_type is GameType.TOOL_USE
     assert tools.spade.skills == tuple(TOOL_USE_SKILLS)
     assert tools.model == games.model and tools.train == games.train
+    assert not tools.spade.self_validation and not games.spade.self_validation
 
 
 @pytest.mark.parametrize("key, choices", [

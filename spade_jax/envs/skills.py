@@ -26,5 +26,6 @@ TOOL_USE_SKILLS = {
     "State_Modification": "a sequence of state changes, each depending on the state before",
     "Error_Recovery": "handling tool errors: checking state, correcting arguments, retrying",
     "Tool_Selection": "choosing the right tool among alternatives from the current state",
-    "Multi_Step_Workflows": "ordered workflows whose later steps need earlier results",
+    # the reference's own spelling (its "Multi-Step Workflows", underscored as in its recipes)
+    "Multi-Step_Workflows": "ordered workflows whose later steps need earlier results",
 }

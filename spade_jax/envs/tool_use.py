@@ -29,9 +29,12 @@ and implements ``tool_<name>(self, **kwargs) -> str`` methods and ``solution()``
    retrying never pays); a subclass may allow more attempts, then a wrong answer is reported and
    the episode continues until the attempts are used up.
 2. Otherwise every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block (at most
-   ``max_calls_per_step``) is executed in order and the results become the observation. An
-   unknown tool gives reward 0.0 and lists the available tools; an exception inside a tool is
-   caught and returned as the text ``"Error calling X: e"``.
+   ``max_calls_per_step``, the observation says how many more were not run) is executed in
+   order and the results become the observation, with
+   ``info[TOOL_RESULTS] = True`` so that the host hands it to the model as the chat template's
+   ``tool`` turn (other observations are user turns). An unknown tool gives reward 0.0 and lists
+   the available tools; an exception inside a tool is caught and returned as the text
+   ``"Error calling X: e"``.
 3. Neither (or malformed JSON): a format error, reward -0.1, not terminated, with an observation
    that explains the format.
 
@@ -52,7 +55,9 @@ import random
 import re
 import string
 
-__all__ = ["ToolUseEnv", "ToolUseBaseEnv", "parse_tool_calls"]
+__all__ = ["TOOL_RESULTS", "ToolUseEnv", "ToolUseBaseEnv", "parse_tool_calls"]
+
+TOOL_RESULTS = "tool_results"  # step info key: the observation holds the results of tool calls
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL | re.IGNORECASE)
@@ -402,11 +407,15 @@ class ToolUseEnv:
                 avail = ", ".join(self._tool_specs())
                 result = f"Unknown tool '{name}'. Available tools: {avail}."
             parts.append(f"[{name}] {result}")
+        if len(calls) > self.max_calls_per_step:
+            parts.append(f"Only the first {self.max_calls_per_step} tool calls of a turn run; "
+                         f"the other {len(calls) - self.max_calls_per_step} were not run.")
         new_msgs, all_done = self._advance_messages()
         if all_done:
             return self._finish("\n".join(parts) + "\nAll requests are complete.", 1.0, True)
         obs = "\n".join(parts + ([new_msgs] if new_msgs else []))
-        return self._finish(obs + f"\n(turn {self.turn}/{self.max_turns})", reward, False)
+        return self._finish(obs + f"\n(turn {self.turn}/{self.max_turns})", reward, False,
+                            {TOOL_RESULTS: True})
 
 
 ToolUseBaseEnv = ToolUseEnv

@@ -32,6 +32,7 @@ from spade_jax.spade.designer import (
 from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.hints import HintMode, HintStatus
 from spade_jax.spade.memory import EnvMemory, new_record
+from spade_jax.spade.prompts import Verdict
 from spade_jax.spade.rewards import DesignerStatus, FailedPlays
 from spade_jax.spade.rollout import Decoding, Episode, EpisodeSpec, EpisodeStatus
 
@@ -138,9 +139,17 @@ def run_designer(
     def generate(messages_list):
         return rt.generate(messages_list, sampling.designer, seed=int(rng.integers(SEED_LIMIT)))
 
+    def judge(codes):
+        """The policy's self-validation verdict (and its reasoning) on each environment."""
+        completions = rt.generate([prompts.self_validation_messages(c, s.game_type)
+                                   for c in codes],
+                                  sampling.validator, seed=int(rng.integers(SEED_LIMIT)))
+        return [(prompts.parse_verdict(c.text), c.text) for c in completions]
+
     attempts, admitted = design_environments(
         slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,
-        validate_many=rt.validate_many, max_attempts=s.max_attempts)
+        validate_many=rt.validate_many, max_attempts=s.max_attempts,
+        judge=judge if s.self_validation else None)
     admitted = [e for e in admitted if not state.memory.contains_hash_of(e.code)]
     write_hints(rt, s, sampling, admitted, rng)
     return attempts, admitted
@@ -235,7 +244,7 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
             state.pool = rt.fixed_pool()
     elif regen:
         attempts, admitted = run_designer(rt, s, run.sampling, state, corpus, rng)
-        metrics.update(validation_metrics(attempts))
+        metrics.update(validation_metrics(attempts, self_validation=s.self_validation))
         metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
         if admitted:
             state.pool = admitted
@@ -377,8 +386,10 @@ def update_memory(state: HostState, plays: list[EnvPlays]) -> None:
                                         doc_id=env.doc_id))
 
 
-def validation_metrics(attempts: list[DesignAttempt]) -> dict[str, float]:
-    """Valid-environment rate and failure counts per validation check."""
+def validation_metrics(attempts: list[DesignAttempt],
+                       self_validation: bool = False) -> dict[str, float]:
+    """Valid-environment rate and failure counts per validation check; with `self_validation`,
+    how many designs the policy's verdict accepted, rejected or left without a verdict."""
     out: dict[str, float] = {"designer/attempts": len(attempts),
                              "designer/valid_rate": float(np.mean([a.valid for a in attempts]))
                              if attempts else 0.0}
@@ -388,6 +399,9 @@ def validation_metrics(attempts: list[DesignAttempt]) -> dict[str, float]:
             failures[a.report.failures[0][0]] += 1
     for check, count in failures.items():
         out[f"designer/fail_{check}"] = count
+    if self_validation:
+        for verdict in Verdict:
+            out[f"self_validation/{verdict.value}"] = sum(a.verdict is verdict for a in attempts)
     return out
 
 

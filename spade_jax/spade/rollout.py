@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from spade_jax.envs.tool_use import TOOL_RESULTS
 from spade_jax.seeding import derive_seed
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import rewards
@@ -123,8 +124,11 @@ class ChatFormat:
     with the tool schemas rendered by the template's own tool support (`supports_tools`, e.g.
     Qwen3's) when it has one; otherwise the tools are only described in the environment's first
     observation, with the `<tool_call>` JSON format it explains (the fallback, e.g. SmolLM2).
-    `observation_turn(text, stopped)` gives the ids that close the assistant's turn (if it ended
-    without its end-of-turn token) and add a user turn holding an environment observation.
+    `observation_turn(text, stopped, tool)` gives the ids that close the assistant's turn (if it
+    ended without its end-of-turn token) and add a turn holding an environment observation: the
+    template's `tool` turn for the results of tool calls when it supports tools (Qwen3's
+    `<tool_response>`), else a user turn (the fallback: SmolLM2's template only echoes roles, so
+    a `tool` role there would be one the model never saw).
     """
 
     def __init__(self, tokenizer):
@@ -140,6 +144,11 @@ class ChatFormat:
         end_of_answer = closed[closed.rindex("A") + 1:]
         self._assistant_end = end_of_answer
         self._user_prefix, self._user_suffix = following[len(closed):].split("\x00OBS\x00")
+        self._tool_turn = None  # (prefix, suffix) of a tool turn, when the template has one
+        if self.supports_tools:
+            tool = self._render(probe + [{"role": "tool", "content": "\x00OBS\x00"}], True)
+            if tool.startswith(closed) and tool.count("\x00OBS\x00") == 1:
+                self._tool_turn = tuple(tool[len(closed):].split("\x00OBS\x00"))
         self.eos_id = tokenizer.eos_token_id
 
     def _render(self, messages, add_generation_prompt, tools=None) -> str:
@@ -152,12 +161,20 @@ class ChatFormat:
         text = self._render(messages, add_generation_prompt=True, tools=tools)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def observation_turn(self, observation: str, stopped_on_eos: bool) -> list[int]:
+    @property
+    def has_tool_role(self) -> bool:
+        """Whether tool results go back as the template's own tool turn."""
+        return self._tool_turn is not None
+
+    def observation_turn(self, observation: str, stopped_on_eos: bool,
+                         tool: bool = False) -> list[int]:
         end = self._assistant_end
         eos_text = self.tokenizer.eos_token or ""
         if stopped_on_eos and end.startswith(eos_text):
             end = end[len(eos_text):]
-        text = end + self._user_prefix + observation + self._user_suffix
+        prefix, suffix = (self._tool_turn if tool and self.has_tool_role
+                          else (self._user_prefix, self._user_suffix))
+        text = end + prefix + observation + suffix
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -237,7 +254,8 @@ def play_episodes(
                 done[i] = True
             else:
                 text = result.observation[:4 * max_observation_tokens]
-                observations[i] = chat.observation_turn(text, outputs[i].stopped)
+                tool = isinstance(result.info, dict) and bool(result.info.get(TOOL_RESULTS))
+                observations[i] = chat.observation_turn(text, outputs[i].stopped, tool=tool)
         for i, ids in enumerate(observations):
             if ids is not None and len(ids) + max_new_tokens > session.free_slots:
                 observations[i], status[i], done[i] = None, EpisodeStatus.CONTEXT_FULL, True

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from spade_jax.envs.seeds import SKILLS, TOOL_USE_SKILL, list_seed_envs
+from spade_jax.envs.seeds import SKILLS, TOOL_USE_SKILLS, list_seed_envs
 
 TOOL_USE_PATH = Path(__file__).resolve().parents[2] / "spade_jax" / "envs" / "tool_use.py"
 SEEDS = list_seed_envs()
@@ -111,8 +111,8 @@ def test_inventory_counts():
         assert skills.count(skill) >= 2, f"need >= 2 seed envs for {skill}"
     assert sum(s.is_tool_use for s in SEEDS) >= 4
     for s in SEEDS:
-        assert s.skill in SKILLS + (TOOL_USE_SKILL,), s
-        assert s.is_tool_use == (s.skill == TOOL_USE_SKILL), s
+        assert s.skill in SKILLS + TOOL_USE_SKILLS, s
+        assert s.is_tool_use == (s.skill in TOOL_USE_SKILLS), s
         prefix = "tool_use" if s.is_tool_use else s.skill.lower()
         assert s.name.startswith(prefix + "_"), s.name
         assert len(s.code.splitlines()) < 150, f"{s.name} is too long"

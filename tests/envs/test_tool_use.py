@@ -10,7 +10,7 @@ import pytest
 
 from spade_jax.envs import validate
 from spade_jax.envs.seeds import list_seed_envs
-from spade_jax.envs.tool_use import ToolUseEnv, parse_tool_calls
+from spade_jax.envs.tool_use import TOOL_RESULTS, ToolUseEnv, parse_tool_calls
 from tests.envs.conftest import case
 
 PENCIL = next(e.code for e in list_seed_envs(tool_use=True) if e.name.endswith("pencil_shop"))
@@ -61,18 +61,30 @@ def test_parser_names_the_malformed_block(bad):
         parse_tool_calls(bad)
 
 
-@pytest.mark.parametrize("action, expected, reward", [
-    ("<tool_call>{not json</tool_call>", "Format error: bad tool call JSON", -0.1),
-    ("plain words", "Format error: no <tool_call>", -0.1),
-    (call("nope"), "Unknown tool 'nope'. Available tools: echo, boom.", 0.0),
-    (call("echo", wrong=1), "Error calling echo:", 0.0),
-    (call("boom"), "Error calling boom: the tool broke", 0.0),
+@pytest.mark.parametrize("action, expected, reward, tool_results", [
+    ("<tool_call>{not json</tool_call>", "Format error: bad tool call JSON", -0.1, False),
+    ("plain words", "Format error: no <tool_call>", -0.1, False),
+    (call("nope"), "Unknown tool 'nope'. Available tools: echo, boom.", 0.0, True),
+    (call("echo", wrong=1), "Error calling echo:", 0.0, True),
+    (call("boom"), "Error calling boom: the tool broke", 0.0, True),
 ])
-def test_bad_calls_become_observations_not_crashes(action, expected, reward):
+def test_bad_calls_become_observations_not_crashes(action, expected, reward, tool_results):
+    """...and the results of calls are marked for the template's tool turn, errors included."""
     env = EchoEnv(max_turns=5)
-    obs, got_reward, terminated, truncated, _ = env.step(action)
+    obs, got_reward, terminated, truncated, info = env.step(action)
     assert expected in obs and got_reward == reward and not terminated and not truncated, obs
-    assert env.step(call("echo", text="ok"))[0].startswith("[echo] ok")  # the episode goes on
+    assert info.get(TOOL_RESULTS, False) is tool_results
+    obs, _, _, _, info = env.step(call("echo", text="ok"))
+    assert obs.startswith("[echo] ok") and info[TOOL_RESULTS]  # the episode goes on
+
+
+def test_calls_over_the_per_turn_limit_are_not_run_and_the_observation_says_so():
+    env = EchoEnv(max_turns=5)
+    limit = EchoEnv.max_calls_per_step
+    obs = env.step("".join(call("echo", text=str(i)) for i in range(limit + 2)))[0]
+    assert [line for line in obs.splitlines() if line.startswith("[echo]")] == [
+        f"[echo] {i}" for i in range(limit)]
+    assert "the other 2 were not run" in obs, obs
 
 
 def test_tool_output_over_the_limit_is_cut_and_marked():

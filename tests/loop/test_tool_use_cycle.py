@@ -31,8 +31,7 @@ AGENT_ANSWERS = ("<tool_call>{not json</tool_call>",
 
 def tool_use_config():
     cfg = load_config_file("tiny")
-    cfg.spade.game_type = "tool_use"
-    cfg.spade.skills = tuple(TOOL_USE_SKILLS)
+    cfg.spade.game_type = "tool_use"  # spade.skills left empty: the six tool-use skills
     cfg.spade.games_per_cycle = len(DESIGNS)
     cfg.spade.replay_per_cycle = 1
     cfg.spade.max_turns = 4  # the pencil shop's solution: three calls and the answer
@@ -68,6 +67,11 @@ def test_invalid_tool_use_designs_are_rejected_by_the_named_check(tool_use_run):
     cfg, workdir, history, _ = tool_use_run
     row = history[0]
     assert row["designer/attempts"] == len(DESIGNS)
+    # the Designer was asked for the tool-use skills, the default of this game type
+    written = sorted((workdir / "envs" / "cycle_00000").rglob("s*.json"), key=lambda p: p.name)
+    k, names = cfg.spade.skills_per_regen, list(TOOL_USE_SKILLS)
+    assert [json.loads(p.read_text())["skill"] for p in written] == [
+        names[slot % k] for slot in range(len(DESIGNS))]
     assert row["designer/valid_rate"] == pytest.approx(1 / len(DESIGNS))
     rejected = sorted((workdir / "envs" / "cycle_00000" / "rejected").glob("*.json"))
     checks = [json.loads(p.read_text())["failures"][0][0] for p in rejected]

@@ -26,6 +26,10 @@ REFERENCE_DEFAULTS = {
     "sampling.agent_top_k": 20, "sampling.agent_max_new_tokens": 8192,
     "sampling.hint_temperature": 0.3, "sampling.hint_top_p": 0.9, "sampling.hint_top_k": 20,
     "sampling.hint_max_new_tokens": 4096, "sampling.max_context": 32768,
+    # spade/core/types.py env_validator_temperature / _max_tokens, through the hint's adapter
+    "sampling.validator_temperature": 0.3, "sampling.validator_top_p": 0.9,
+    "sampling.validator_top_k": 20, "sampling.validator_max_new_tokens": 16384,
+    "spade.self_validation": False,  # use_env_validator (on in the tool-use recipes)
     "spade.plays_per_env": 8, "spade.hint_plays_per_env": 16, "spade.hint_plays_when": "regen",
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
@@ -209,12 +213,13 @@ def test_hint_plays_only_for_the_environments_designed_at_a_regen_cycle():
 
 
 # ----------------------------------------------------------------------------- recipes
-RECIPES = {  # config -> (game type, delay, KL, Designer tokens, hint tokens, regen, corpus words)
-    "30b": ("game", 4, 0.0, 16384, 4096, 4, 6000),  # cmd/games/train_spade_30b.sh
-    "4b": ("game", 4, 0.0, 16384, 4096, 4, 6000),  # cmd/games/train_spade_4b.sh
-    "8b": ("game", 4, 0.005, 20000, 4096, 4, 6000),  # cmd/games/train_spade_8b.sh
+RECIPES = {  # config -> (game type, delay, KL, Designer tokens, hint tokens, regen, corpus words,
+    #                     self-validation: --spade-use-env-validator)
+    "30b": ("game", 4, 0.0, 16384, 4096, 4, 6000, False),  # cmd/games/train_spade_30b.sh
+    "4b": ("game", 4, 0.0, 16384, 4096, 4, 6000, False),  # cmd/games/train_spade_4b.sh
+    "8b": ("game", 4, 0.005, 20000, 4096, 4, 6000, False),  # cmd/games/train_spade_8b.sh
     # cmd/tool_use/_train_spade_blend.sh with TOOL_MODEL_SIZE=30b
-    "30b_tool_use": ("tool_use", 8, 0.005, 16384, 2048, 8, 4000),
+    "30b_tool_use": ("tool_use", 8, 0.005, 16384, 2048, 8, 4000, True),
 }
 
 
@@ -223,7 +228,7 @@ def test_recipe_configs_carry_the_references_deltas(name):
     run = parse(load_config_file(name))
     s, smp = run.spade, run.sampling
     got = (s.game_type.value, s.designer_delay, run.train.kl_coef, smp.designer_max_new_tokens,
-           smp.hint_max_new_tokens, s.regen_interval, run.corpus.max_words)
+           smp.hint_max_new_tokens, s.regen_interval, run.corpus.max_words, s.self_validation)
     assert got == RECIPES[name]
     # shared by every recipe: 0.6 both roles, top-p 0.95, top-k 20, 8192 per turn, 32k, 25 turns
     assert smp.agent == Decoding(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=8192)

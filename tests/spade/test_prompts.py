@@ -145,3 +145,27 @@ def test_hint_prompt():
     assert "do NOT give the answer" in messages[0]["content"]
     assert messages[1]["content"] == "Environment code:\n```python\nclass XEnv: pass\n```"
     assert "placeholders" in P.hint_messages("x", "tool_use")[0]["content"]
+
+
+# ----- self-validation ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, verdict", [
+    ("fine \\boxed{yes}", P.Verdict.ACCEPT), ("\\boxed{ True }", P.Verdict.ACCEPT),
+    ("\\boxed{no}", P.Verdict.REJECT), ("\\boxed{unsure}", P.Verdict.REJECT),
+    ("first \\boxed{no}, on reflection \\boxed{yes}", P.Verdict.ACCEPT),  # the last one counts
+    ("no verdict at all", P.Verdict.NO_VERDICT), ("", P.Verdict.NO_VERDICT),
+])
+def test_the_verdict_is_the_last_boxed_answer_and_none_keeps_the_design(text, verdict):
+    assert P.parse_verdict(text) is verdict
+    assert verdict.keeps == (verdict is not P.Verdict.REJECT)
+
+
+@pytest.mark.parametrize("game_type, asks", [("game", "played and won"),
+                                             ("tool_use", "can be completed")])
+def test_self_validation_messages_carry_the_code_and_the_game_types_question(game_type, asks):
+    code = 'class XEnv:\n    d = {"k": "{braces}"}\n'
+    system, user = P.self_validation_messages(code, game_type)
+    assert system["role"] == "system" and user["role"] == "user"
+    assert f"```python\n{code}\n```" in user["content"] and asks in user["content"]
+    assert user["content"].rstrip().endswith("\\boxed{no} when it cannot." if game_type ==
+                                             "tool_use" else "\\boxed{no} if it has a fatal bug.")

@@ -125,6 +125,34 @@ def test_smollm2_template_has_no_tool_support_so_the_observation_carries_the_too
     assert parse_tool_calls(smollm2.decode(ids, skip_special_tokens=True)) == CALLS
 
 
+def test_tool_results_go_back_as_the_templates_tool_turn(qwen3_style):
+    """Round trip: prompt + the assistant's call + observation_turn(tool=True) are the tokens of
+    the template's own rendering of that conversation with the result as a `tool` message."""
+    chat = ChatFormat(qwen3_style)
+    messages = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "OBS"}]
+    call = assistant_turn(qwen3_style, CALLS[:1])
+    answer = qwen3_style.encode(call + qwen3_style.eos_token, add_special_tokens=False)
+    ids = chat.prompt(messages) + answer + chat.observation_turn("[multiply] 6", True, tool=True)
+    want = qwen3_style.apply_chat_template(
+        messages + [{"role": "assistant", "content": call},
+                    {"role": "tool", "content": "[multiply] 6"}],
+        tokenize=False, add_generation_prompt=True)
+    assert chat.has_tool_role and qwen3_style.decode(ids) == want
+    assert want.endswith("<|im_start|>user\n<tool_response>\n[multiply] 6\n</tool_response>"
+                         "<|im_end|>\n<|im_start|>assistant\n"), want
+    user = qwen3_style.decode(chat.observation_turn("[multiply] 6", True))
+    assert "<tool_response>" not in user and "[multiply] 6" in user  # other observations
+
+
+def test_smollm2_has_no_tool_turn_so_tool_results_go_back_as_user_turns(smollm2):
+    chat = ChatFormat(smollm2)
+    assert not chat.has_tool_role
+    as_tool = chat.observation_turn("[multiply] 6", True, tool=True)
+    assert as_tool == chat.observation_turn("[multiply] 6", True)
+    assert smollm2.decode(as_tool).endswith("<|im_start|>user\n[multiply] 6<|im_end|>\n"
+                                            "<|im_start|>assistant\n")
+
+
 class NativeCallSampler:
     """Answers every turn with the template's rendering of one multiply call; keeps the prompts."""
 
@@ -151,4 +179,5 @@ def test_play_renders_the_environment_tools_and_feeds_back_the_call_results(qwen
     assert '"name": "multiply"' in session.prompt_texts[0].split("\n</tools>")[0]
     played = qwen3_style.decode(episode.tokens.tolist())
     assert played.count("[multiply] 42") == 1 and episode.turns == 2, played
+    assert "<|im_start|>user\n<tool_response>\n[multiply] 42" in played, played  # a tool turn
     assert episode.rewards == [0.0, 0.0] and episode.status == "ok"

@@ -13,18 +13,18 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from spade_jax.envs.skills import GAME_SKILLS
+from spade_jax.envs import skills
 
-SKILLS = tuple(GAME_SKILLS)  # the game skills; every tool-use seed has TOOL_USE_SKILL
-TOOL_USE_SKILL = "Tool_Use"
+SKILLS = tuple(skills.GAME_SKILLS)  # the skills of the games
+TOOL_USE_SKILLS = tuple(skills.TOOL_USE_SKILLS)  # of the tool-use seeds (the reference's six)
 
-_SKILL_RE = re.compile(r"^Skill:\s*([A-Za-z_]+)\s*$", re.MULTILINE)
+_SKILL_RE = re.compile(r"^Skill:\s*([A-Za-z_-]+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class SeedEnv:
     name: str          # file stem, e.g. "logical_deduction_knights_knaves"
-    skill: str         # one of SKILLS, or TOOL_USE_SKILL
+    skill: str         # one of SKILLS, or of TOOL_USE_SKILLS for a tool-use seed
     path: Path
     code: str
     is_tool_use: bool
@@ -54,4 +54,4 @@ def list_seed_envs(skill: str | None = None, tool_use: bool | None = None) -> li
     return out
 
 
-__all__ = ["SKILLS", "TOOL_USE_SKILL", "SeedEnv", "list_seed_envs"]
+__all__ = ["SKILLS", "TOOL_USE_SKILLS", "SeedEnv", "list_seed_envs"]

@@ -1,6 +1,6 @@
 """Calendar requests: carry out two scheduling requests, one after the other, with tools.
 
-Skill: Tool_Use
+Skill: State_Modification
 A multi-message task: the second request appears once the first is done (message criteria).
 ToolUseEnv is provided by the host.
 """

@@ -1,6 +1,6 @@
 """Config port: explore a small file system to find the port a service really uses.
 
-Skill: Tool_Use
+Skill: Multi-Step_Workflows
 Tools: list_dir(path) and read_file(path); include lines override earlier settings.
 ToolUseEnv is provided by the host.
 """

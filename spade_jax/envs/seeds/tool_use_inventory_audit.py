@@ -1,6 +1,6 @@
 """Inventory audit: query a warehouse catalogue and add up stock that matches a condition.
 
-Skill: Tool_Use
+Skill: Data_Retrieval
 Tools: list_items(category) and get_item(sku). ToolUseEnv is provided by the host.
 """
 import json

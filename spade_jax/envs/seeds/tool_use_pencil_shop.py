@@ -1,6 +1,6 @@
 """Pencil shop: compute a shop's revenue with calculator tools.
 
-Skill: Tool_Use
+Skill: Tool_Selection
 Easy: three calculator calls, then the answer. ToolUseEnv is provided by the host.
 """
 import json
