@@ -100,6 +100,20 @@ def decode_flops_reference(cfg, context: int) -> float:
         2 * cfg.d_model * cfg.vocab_size)
 
 
+def expert_buffer_note(cfg, mesh_shape: dict) -> str:
+    """How the compiled MoE sizes its expert buffers, which the FLOPs count in full."""
+    tp = mesh_shape.get("tensor", 1)
+    n_local = cfg.n_experts // tp if cfg.n_experts % tp == 0 else cfg.n_experts
+    ranks = cfg.n_experts // n_local
+    worst = min(cfg.n_experts_per_tok, n_local) * ranks / cfg.n_experts_per_tok
+    if cfg.moe_capacity_factor is None:
+        return (f"experts dropless: each of the {ranks} expert ranks' buffers has room for the "
+                f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
+                "a capacity)")
+    return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer holds "
+            f"{cfg.moe_capacity_factor:g}x its balanced share, copies past it are dropped")
+
+
 def _flops(value: float) -> str:
     return f"{value / 1e9:.3f}G" if value >= 1e8 else f"{value / 1e6:.3f}M"
 
@@ -337,6 +351,8 @@ def cost_lines(reports: list[ProgramReport], summary: dict, plan=None) -> list[s
         y = train_flops_reference(cfg, seq_len, summary["logit_positions"])
         out.append(f"train step FLOPs/token: {_flops(x)} (6·N_active + attention: {_flops(y)}, "
                    f"ratio {x / y:.2f})")
+        if cfg.is_moe:
+            out.append(f"  {expert_buffer_note(cfg, summary['mesh'])}")
         out.append(f"  counted as XLA counts loops, each body once: one micro-batch, one of the "
                    f"{cfg.n_layers} decoder layers (N_active "
                    f"{active_params_per_layer(cfg) / 1e6:.1f}M), the output projection for "

@@ -73,7 +73,10 @@ def moe_mlp_dense(
 
 def _tile_rows(n_rows: int, n_groups: int) -> int:
     """Rows per tile of `tiled_grouped_matmul`: padding (< a tile per group) stays within a
-    quarter of the rows, tiles between 8 and 512 rows."""
+    quarter of the rows, tiles between 8 and 512 rows; 1 (no padding, a weight matrix per row)
+    when even 8-row tiles would pad more than that (few rows: a decode step)."""
+    if 8 * n_groups * 4 > n_rows:
+        return 1
     tile = 8
     while tile < 512 and tile * 2 * n_groups * 4 <= n_rows:
         tile *= 2
@@ -83,14 +86,14 @@ def _tile_rows(n_rows: int, n_groups: int) -> int:
 def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """`jax.lax.ragged_dot(lhs [M, I], rhs [G, I, O], group_sizes [G])` as tiles of one group.
 
-    Each group's rows are padded to whole tiles (static count: M/tile + G) and every tile is
-    multiplied by its group's matrix, one batched matmul: about M x I x O multiply-adds plus
-    the padding, where JAX's CPU lowering of `ragged_dot` multiplies every row by all G
-    matrices. Rows past sum(group_sizes) give zeros, as in `ragged_dot`.
+    Each group's rows are padded to whole tiles (static count: (M + G(tile-1))/tile) and
+    every tile is multiplied by its group's matrix, one batched matmul: about M x I x O
+    multiply-adds plus the padding, where JAX's CPU lowering of `ragged_dot` multiplies every
+    row by all G matrices. Rows past sum(group_sizes) give zeros, as in `ragged_dot`.
     """
     n_rows, n_groups = lhs.shape[0], rhs.shape[0]
     tile = _tile_rows(n_rows, n_groups)
-    n_tiles = -(-n_rows // tile) + n_groups
+    n_tiles = -(-(n_rows + n_groups * (tile - 1)) // tile)  # each group pads < a tile
     ends = jnp.cumsum(group_sizes)
     padded = -(-group_sizes // tile) * tile
     padded_ends = jnp.cumsum(padded)
@@ -252,7 +255,11 @@ def moe_mlp(
         return jax.lax.psum(partial, EXPERT_AXIS), jax.lax.psum(dropped, all_axes)
 
     experts = PartitionSpec(EXPERT_AXIS, None, None)  # gathered over fsdp on entry (ZeRO-3)
+    # check_vma=False: the megablox kernel's outputs carry no varying-axes type (JAX refuses
+    # to trace it otherwise, on every platform, as platform_dependent traces each branch);
+    # the gradients are checked against the dense layer in tests/models/test_moe.py.
     out, dropped = jax.shard_map(
         shard, mesh=mesh, in_specs=(tokens, tokens, tokens, experts, experts, experts),
-        out_specs=(tokens, PartitionSpec()), check_vma=False)(flat, top_idx, top_vals, gate, up, down)
+        out_specs=(tokens, PartitionSpec()), check_vma=False)(
+        flat, top_idx, top_vals, gate, up, down)
     return out.reshape(x.shape), RouterLoad(expert_copies, dropped)

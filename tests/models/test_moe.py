@@ -121,10 +121,14 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
     assert 1.0 < max_over_mean <= E / K and dropped == 0.0  # dropless
 
 
-@pytest.mark.parametrize("sizes", [[0, 5, 0, 30, 1], [36, 0, 0, 0, 0], [3, 4, 0, 0, 2]])
-def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
+@pytest.mark.parametrize(("rows", "sizes"), [
+    (36, [0, 5, 0, 30, 1]), (36, [36, 0, 0, 0, 0]), (36, [3, 4, 0, 0, 2]),  # 1-row tiles
+    (400, [1, 150, 0, 233, 9]), (400, [400, 0, 0, 0, 0]), (400, [17, 0, 0, 0, 3]),  # 16-row
+])
+def test_tiled_grouped_matmul_equals_ragged_dot(rows, sizes):
     """Empty groups, one group taking every row, and rows past the groups (zeros)."""
-    lhs = jax.random.normal(jax.random.key(0), (36, 7))
+    assert moe._tile_rows(rows, 5) == (1 if rows == 36 else 16)
+    lhs = jax.random.normal(jax.random.key(0), (rows, 7))
     rhs = jax.random.normal(jax.random.key(1), (5, 7, 3))
     group_sizes = jnp.array(sizes, jnp.int32)
     want = jax.lax.ragged_dot(lhs, rhs, group_sizes)
