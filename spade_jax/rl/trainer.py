@@ -177,9 +177,8 @@ def _micro_loss(graphdef, config: TrainConfig, compute_dtype, params, micro, ref
                               remat=Remat(config.remat).recompute_layers,
                               compute_dtype=compute_dtype, record_router_load=record_router_load)
 
-    model = nnx.merge(graphdef, params)
-    logp = logprobs(model, record_router_load=True)
-    sown = nnx.pop(model, nnx.Intermediate)
+    logp, sown = nnx.capture(lambda model: logprobs(model, record_router_load=True),
+                             nnx.Intermediate)(nnx.merge(graphdef, params))
     ref_logp = (None if reference is None
                 else jax.lax.stop_gradient(logprobs(nnx.merge(graphdef, reference))))
     loss, sums = ppo_clip_loss(
@@ -190,7 +189,7 @@ def _micro_loss(graphdef, config: TrainConfig, compute_dtype, params, micro, ref
         aggregation=LossAggregation(config.loss_aggregation),
     )
     if "router_load" in sown:  # MoE: [layers, E] copies per expert and [layers] dropped
-        load = moe.RouterLoad(*sown["router_load"].value[0])
+        load = moe.RouterLoad(*sown["router_load"].get_value()[0])
         sums = dict(sums, **{ROUTER_LOAD_KEY: load})
     return loss, sums
 
