@@ -193,13 +193,14 @@ def _local_experts(x, top_idx, top_vals, gate, up, down, first_expert, capacity)
     rows = order[:capacity]
     group_sizes = jnp.sum(jax.nn.one_hot(sort_key, n_local, dtype=jnp.int32), axis=0)
     n_kept = jnp.sum(group_sizes)
-    # Rows past the kept copies are zeros in and masked out: the megablox kernel leaves them
-    # unwritten, and this `where` also stops its backward pass's garbage reaching x.
+    # Rows past the kept copies: the megablox kernel leaves them unwritten, in its output and
+    # in its backward pass's lhs gradient; this `where` keeps the latter from reaching x, and
+    # the un-sort below never reads the former.
     row_valid = (jnp.arange(capacity) < n_kept)[:, None]
     x_sorted = jnp.where(row_valid, jnp.take(x, rows // top_k, axis=0), 0)  # [capacity, D]
     hidden = (jax.nn.silu(grouped_matmul(x_sorted, gate, group_sizes))
               * grouped_matmul(x_sorted, up, group_sizes))
-    out_sorted = jnp.where(row_valid, grouped_matmul(hidden, down, group_sizes), 0)
+    out_sorted = grouped_matmul(hidden, down, group_sizes)
     # un-sort: copy c sits at position inverse[c] of the sorted order; a copy not kept here
     # (dropped, or another rank's) reads the appended zero row
     inverse = jnp.where(kept, jnp.argsort(order), capacity)
