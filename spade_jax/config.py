@@ -252,6 +252,9 @@ class PolicyConfig:
                        "compute_dtype='bfloat16' for bf16 matmuls")
         if self.compute_dtype not in COMPUTE_DTYPES:
             out.append(f"compute_dtype={self.compute_dtype!r}: use one of {COMPUTE_DTYPES}")
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0:
+            out.append(f"moe_capacity_factor={self.moe_capacity_factor!r} must be > 0 (or None "
+                       "for dropless experts)")
         if self.source != "random" or self.arch is None:  # None: arch's problems already noted
             return out
         try:

@@ -236,3 +236,16 @@ def test_grouped_matmul_picks_megablox_on_tpu_ragged_dot_on_gpu(platform, op):
         lowering_platforms=(platform,)).as_text()
     for other in ("tpu_custom_call", "ragged_dot"):
         assert (other in text) == (other == op), (platform, other)
+
+
+def test_capacity_factor_comes_from_the_run_config_and_bad_values_are_named():
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.errors import ConfigError
+
+    cfg = load_config_file("30b")
+    assert parse(cfg).model.arch.moe_capacity_factor is None  # dropless by default
+    cfg.model.moe_capacity_factor = 1.25
+    assert parse(cfg).model.arch.moe_capacity_factor == 1.25
+    cfg.model.moe_capacity_factor = -1.0
+    with pytest.raises(ConfigError, match=r"model.moe_capacity_factor=-1.0 must be > 0"):
+        parse(cfg)
