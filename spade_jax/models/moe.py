@@ -73,9 +73,11 @@ def moe_mlp_dense(
 
 def _tile_rows(n_rows: int, n_groups: int) -> int:
     """Rows per tile of `tiled_grouped_matmul`: padding (< a tile per group) stays within a
-    quarter of the rows, tiles between 8 and 512 rows; 1 (no padding, a weight matrix per row)
-    when even 8-row tiles would pad more than that (few rows: a decode step)."""
-    if 8 * n_groups * 4 > n_rows:
+    quarter of the rows, tiles between 8 and 512 rows; 1 (no padding) when there are no more
+    rows than groups (a small decode step), where one gathered weight matrix per row is also
+    fewer than one per 8-row tile. Each tile gathers its group's weights, so on CPU the wall
+    time follows the tile count as much as the FLOPs."""
+    if n_rows <= n_groups:
         return 1
     tile = 8
     while tile < 512 and tile * 2 * n_groups * 4 <= n_rows:

@@ -122,12 +122,13 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
 
 
 @pytest.mark.parametrize(("rows", "sizes"), [
-    (36, [0, 5, 0, 30, 1]), (36, [36, 0, 0, 0, 0]), (36, [3, 4, 0, 0, 2]),  # 1-row tiles
+    (5, [0, 2, 0, 3, 0]), (5, [5, 0, 0, 0, 0]), (5, [1, 1, 0, 0, 2]),  # 1-row tiles
+    (36, [0, 5, 0, 30, 1]), (36, [36, 0, 0, 0, 0]), (36, [3, 4, 0, 0, 2]),  # 8-row tiles
     (400, [1, 150, 0, 233, 9]), (400, [400, 0, 0, 0, 0]), (400, [17, 0, 0, 0, 3]),  # 16-row
 ])
 def test_tiled_grouped_matmul_equals_ragged_dot(rows, sizes):
     """Empty groups, one group taking every row, and rows past the groups (zeros)."""
-    assert moe._tile_rows(rows, 5) == (1 if rows == 36 else 16)
+    assert moe._tile_rows(rows, 5) == {5: 1, 36: 8, 400: 16}[rows]
     lhs = jax.random.normal(jax.random.key(0), (rows, 7))
     rhs = jax.random.normal(jax.random.key(1), (5, 7, 3))
     group_sizes = jnp.array(sizes, jnp.int32)
