@@ -86,6 +86,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Causal attention kernel: auto (splash on TPU, cuDNN on GPU in bf16/fp16, else xla),
     # xla, splash (Pallas; interpreted off TPU) or cudnn. Cached extends/decode run XLA.
     c.model.attention = AttentionKernel.AUTO.value
+    # Mixture of experts: None = dropless (the checkpoint's model); c = each expert-parallel
+    # rank computes at most c x its balanced share of token copies and drops the rest.
+    c.model.moe_capacity_factor = ml_collections.config_dict.placeholder(float)
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # -1: fill with devices
 
@@ -252,6 +255,7 @@ class PolicyConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
+    moe_capacity_factor: float | None = None  # also set on `arch` by `parse`
 
     def problems(self) -> list[str]:
         out = []
@@ -261,6 +265,9 @@ class PolicyConfig:
                        "compute_dtype='bfloat16' for bf16 matmuls")
         if self.compute_dtype not in COMPUTE_DTYPES:
             out.append(f"compute_dtype={self.compute_dtype!r}: use one of {COMPUTE_DTYPES}")
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0:
+            out.append(f"moe_capacity_factor={self.moe_capacity_factor!r} must be > 0 (or None "
+                       "for dropless experts)")
         if self.source != "random" or self.arch is None:  # None: arch's problems already noted
             return out
         try:
@@ -542,6 +549,8 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     model["attention"] = _choice(AttentionKernel, model["attention"], "model.attention", problems)
     if model["arch"] is not None and model["attention"] is not None:
         model["arch"] = model["arch"].replace(attention=model["attention"])
+    if model["arch"] is not None:
+        model["arch"] = model["arch"].replace(moe_capacity_factor=model["moe_capacity_factor"])
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
     t["loss_aggregation"] = _choice(LossAggregation, t["loss_aggregation"],

@@ -92,12 +92,36 @@ def train_flops_reference(cfg, seq_len: int, logit_positions: int) -> float:
     return 6 * (active_params_per_layer(cfg) + logits) + attention
 
 
+def train_recompute_flops(cfg, seq_len: int, logit_positions: int, remat: bool) -> float:
+    """FLOPs per token the train step recomputes by design, counted like
+    `train_flops_reference`: the log-prob chunk's logits again in its backward pass (the chunk
+    is a `jax.checkpoint`), and with remat each decoder layer's forward (2 x N_active plus the
+    causal attention forward, 2 x H x Dh x seq_len)."""
+    logits = 2 * cfg.d_model * cfg.vocab_size * logit_positions / seq_len
+    layer = 2 * active_params_per_layer(cfg) + 2 * cfg.n_heads * cfg.head_dim * seq_len
+    return logits + (layer if remat else 0.0)
+
+
 def decode_flops_reference(cfg, context: int) -> float:
     """2 x N_active per generated token over all layers and the output projection, plus the
     attention of one query against `context` cached slots (decode unrolls its layers)."""
     attention = 4 * cfg.n_heads * cfg.head_dim * context
     return cfg.n_layers * (2 * active_params_per_layer(cfg) + attention) + (
         2 * cfg.d_model * cfg.vocab_size)
+
+
+def expert_buffer_note(cfg, mesh_shape: dict) -> str:
+    """How the compiled MoE sizes its expert buffers, which the FLOPs count in full."""
+    tp = mesh_shape.get("tensor", 1)
+    n_local = cfg.n_experts // tp if cfg.n_experts % tp == 0 else cfg.n_experts
+    ranks = cfg.n_experts // n_local
+    worst = min(cfg.n_experts_per_tok, n_local) * ranks / cfg.n_experts_per_tok
+    if cfg.moe_capacity_factor is None:
+        return (f"experts dropless: each of the {ranks} expert ranks' buffers has room for the "
+                f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
+                "a capacity)")
+    return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer holds "
+            f"{cfg.moe_capacity_factor:g}x its balanced share, copies past it are dropped")
 
 
 def _flops(value: float) -> str:
@@ -166,7 +190,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     """
     import jax
 
-    from spade_jax.rl.trainer import TrainStep, make_optimizer
+    from spade_jax.rl.trainer import Remat, TrainStep, make_optimizer
     from spade_jax.sampling.sampler import Sampler
     from spade_jax.sharding import make_mesh
 
@@ -221,7 +245,8 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
                    train_batch=(rows, seq_len), micro_batches=micro_batches,
                    rollout_batch=rollout_batch, context=context, full_state=full,
                    n_devices=n_devices, model_cfg=model_cfg,
-                   logit_positions=min(t.logprob_chunk, seq_len - 1))
+                   logit_positions=min(t.logprob_chunk, seq_len - 1),
+                   remat=Remat(t.remat).recompute_layers)
     return reports, summary
 
 
@@ -338,6 +363,13 @@ def cost_lines(reports: list[ProgramReport], summary: dict, plan=None) -> list[s
         y = train_flops_reference(cfg, seq_len, summary["logit_positions"])
         out.append(f"train step FLOPs/token: {_flops(x)} (6·N_active + attention: {_flops(y)}, "
                    f"ratio {x / y:.2f})")
+        recompute = train_flops_reference(cfg, seq_len, summary["logit_positions"]) + (
+            train_recompute_flops(cfg, seq_len, summary["logit_positions"], summary["remat"]))
+        out.append(f"  with the recompute the step chooses (log-prob chunk logits"
+                   f"{', remat=block layer forward' if summary['remat'] else ''}): "
+                   f"{_flops(recompute)}, ratio {x / recompute:.2f}")
+        if cfg.is_moe:
+            out.append(f"  {expert_buffer_note(cfg, summary['mesh'])}")
         out.append(f"  counted as XLA counts loops, each body once: one micro-batch, one of the "
                    f"{cfg.n_layers} decoder layers (N_active "
                    f"{active_params_per_layer(cfg) / 1e6:.1f}M), the output projection for "

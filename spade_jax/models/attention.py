@@ -3,7 +3,8 @@
 One entry point, `attention`, takes queries [B, T, H, Dh], the KV-cache layout (keys transposed
 k_t [B, K, Dh, S], values v [B, K, S, Dh]) and a `SlotMask`, and never repeats the KV heads.
 What runs depends on the call's shape and on `AttentionKernel`:
-- causal self-attention (the training forward, S == T): Pallas splash attention on TPU,
+- causal self-attention (the training forward, S == T): Pallas splash attention on TPU (in a
+  `shard_map`: rows over ('data', 'fsdp'), heads over 'tensor'),
   cuDNN flash attention through `jax.nn.dot_product_attention` on GPU (bfloat16/float16), and
   on CPU XLA einsums over causal query blocks with a flash-style hand-written backward;
 - one query per row (a decode step): one direct XLA product over the whole window;
@@ -21,6 +22,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from spade_jax.sharding import MESH_AXES
 
 MASK_VALUE = -2.3819763e38  # large negative that stays finite in float32 and bfloat16
 ATTENTION_QUERY_CHUNK = 512  # queries per score block (XLA paths)
@@ -110,7 +113,7 @@ def attention(
                              f"{mask.first_query_slot}")
         kernel = AttentionKernel(kernel).resolve(jax.default_backend(), q.dtype)
         if kernel is AttentionKernel.SPLASH:
-            return _splash_causal(q, k_t, v, mask.kv_valid)
+            return splash_sharded(q, k_t, v, mask.kv_valid)
         if kernel is AttentionKernel.CUDNN:
             return _cudnn_causal(q, k_t, v, mask)
     n_kv = k_t.shape[1]
@@ -324,6 +327,35 @@ def _splash_causal(q, k_t, v, kv_valid):
     out = jax.vmap(lambda q, k, v, s: kernel(q, k, v, splash.SegmentIds(q=s, kv=s)))(
         q, k, v, segments)
     return out[:, :, :q_len].transpose(0, 2, 1, 3)
+
+
+def splash_sharded(q, k_t, v, kv_valid):
+    """`_splash_causal` in a `shard_map` over the context mesh (`jax.set_mesh`): rows over
+    ('data', 'fsdp'), query heads over 'tensor' (a Pallas call is opaque to the SPMD
+    partitioner, which would otherwise gather every head onto every device).
+
+    With fewer KV heads than 'tensor' ranks (Qwen3-30B-A3B: 4 over 8) each KV head is repeated
+    so that every rank holds the one its query heads read. Without a mesh, or when the heads
+    do not split over 'tensor', heads stay whole on each device.
+    """
+    from jax.sharding import PartitionSpec
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if not set(MESH_AXES) <= set(mesh.axis_names):
+        return _splash_causal(q, k_t, v, kv_valid)
+    batch, _, n_heads, _ = q.shape
+    n_kv, tp = k_t.shape[1], mesh.shape["tensor"]
+    rows = MESH_AXES[:2] if batch % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
+    heads = "tensor" if n_heads % tp == 0 and (n_kv % tp == 0 or tp % n_kv == 0) else None
+    if heads and n_kv < tp:
+        k_t, v = jnp.repeat(k_t, tp // n_kv, axis=1), jnp.repeat(v, tp // n_kv, axis=1)
+    spec = PartitionSpec
+    # check_vma=False: the splash kernel's outputs carry no varying-axes type; nothing inside
+    # communicates, so there is no collective whose transpose that could get wrong.
+    return jax.shard_map(
+        _splash_causal, mesh=mesh, check_vma=False,
+        in_specs=(spec(rows, None, heads), spec(rows, heads), spec(rows, heads), spec(rows)),
+        out_specs=spec(rows, None, heads))(q, k_t, v, kv_valid)
 
 
 def cudnn_arguments(q, k_t, v, mask: SlotMask) -> tuple[tuple, dict]:

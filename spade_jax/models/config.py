@@ -34,6 +34,10 @@ class ModelConfig:
     family: str = "llama"  # llama | qwen3 | qwen3_moe: decides the HF layout on export
     # Not architecture: which kernel runs causal attention (config key `model.attention`).
     attention: AttentionKernel = AttentionKernel.AUTO
+    # Not architecture: each expert-parallel rank's MoE buffer as a multiple of its balanced
+    # share of token copies; copies past it are dropped (config key `model.moe_capacity_factor`,
+    # None: dropless). See `moe.buffer_rows`.
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self):
         if self.attention not in tuple(AttentionKernel):
@@ -59,6 +63,9 @@ class ModelConfig:
                             f"1..n_experts={self.n_experts}")
         if self.is_moe and self.expert_ffn_dim <= 0:
             problems.append("expert_ffn_dim must be > 0 for a mixture-of-experts model")
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0:
+            problems.append(f"moe_capacity_factor={self.moe_capacity_factor!r} must be > 0 "
+                            "(or None for dropless experts)")
         if self.family not in ("llama", "qwen3", "qwen3_moe"):
             problems.append(f"family={self.family!r}: use one of llama, qwen3, qwen3_moe")
         if problems:

@@ -1,4 +1,5 @@
-"""Qwen3-MoE mixture of experts: routing, the routed dropless layer and its dense reference.
+"""Qwen3-MoE mixture of experts: routing, the routed layer (dropless or with a capacity) and
+its dense reference.
 
 `moe_mlp` (the model's path) sorts each token's top-k copies by expert, runs every projection
 as one grouped matmul (`grouped_matmul`) over the experts, un-sorts and sums the k copies
@@ -9,19 +10,26 @@ over 'tensor' combines them. Dispatch is an all-gather that costs nothing: token
 replicated over 'tensor' (sharded over data and fsdp only), so the combine is the same single
 [tokens, D] all-reduce the dense layer needed, where a ragged all-to-all would add two
 exchanges of the k copies for no saving at this layout.
-Dropless means a rank's buffer has room for the worst case, every local token sending
-min(k, E/tp) copies to it; rows past the real count are zeros of the grouped matmul (a static
-program, as XLA's cost analysis counts it, does that worst case: up to tp x the balanced work).
+Each rank's grouped-matmul buffer is static (`buffer_rows`). Dropless (the default) it has
+room for the worst case, every local token sending min(k, E/tp) copies to the rank: up to tp x
+the balanced work in XLA's cost analysis of the static program. At run time on TPU the
+megablox kernel visits only the tiles of real rows (a dynamic grid) yet declares the whole
+buffer's FLOPs to XLA; on CPU (`tiled_grouped_matmul`) the buffer is really multiplied. With
+`model.moe_capacity_factor` c the buffer holds c x the balanced share N·k/tp and a rank's
+copies past it are dropped (the latest tokens' first; the token keeps its residual stream), as
+MaxText's and Tunix's capacity factor does; `RouterLoad` reports the copies per expert and the
+dropped ones. Drops differ between the sampler's and the trainer's token sets, so a capacity
+factor trades the FLOPs of the worst case for a model that is not exactly the checkpoint's.
 `moe_mlp_dense` runs every expert on every token (E/k times the FLOPs) and is the reference
-the tests compare against. `grouped_matmul` is `jax.lax.ragged_dot` on TPU and GPU (XLA's native
-ragged dot; the megablox GMM Pallas kernel is not used, it was not tested here) and
-`tiled_grouped_matmul` on CPU, where JAX expands `ragged_dot` into a masked product of every
-row with every expert (k times the dense layer's FLOPs when k <= E/tp).
+the tests compare against. `grouped_matmul` is the megablox GMM Pallas kernel on TPU,
+`jax.lax.ragged_dot` on GPU and `tiled_grouped_matmul` on CPU, where JAX expands `ragged_dot`
+into a masked product of every row with every expert (G times the FLOPs).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +73,12 @@ def moe_mlp_dense(
 
 def _tile_rows(n_rows: int, n_groups: int) -> int:
     """Rows per tile of `tiled_grouped_matmul`: padding (< a tile per group) stays within a
-    quarter of the rows, tiles between 8 and 512 rows."""
+    quarter of the rows, tiles between 8 and 512 rows; 1 (no padding) when there are no more
+    rows than groups (a small decode step), where one gathered weight matrix per row is also
+    fewer than one per 8-row tile. Each tile gathers its group's weights, so on CPU the wall
+    time follows the tile count as much as the FLOPs."""
+    if n_rows <= n_groups:
+        return 1
     tile = 8
     while tile < 512 and tile * 2 * n_groups * 4 <= n_rows:
         tile *= 2
@@ -75,14 +88,14 @@ def _tile_rows(n_rows: int, n_groups: int) -> int:
 def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """`jax.lax.ragged_dot(lhs [M, I], rhs [G, I, O], group_sizes [G])` as tiles of one group.
 
-    Each group's rows are padded to whole tiles (static count: M/tile + G) and every tile is
-    multiplied by its group's matrix, one batched matmul: about M x I x O multiply-adds plus
-    the padding, where JAX's CPU lowering of `ragged_dot` multiplies every row by all G
-    matrices. Rows past sum(group_sizes) give zeros, as in `ragged_dot`.
+    Each group's rows are padded to whole tiles (static count: (M + G(tile-1))/tile) and
+    every tile is multiplied by its group's matrix, one batched matmul: about M x I x O
+    multiply-adds plus the padding, where JAX's CPU lowering of `ragged_dot` multiplies every
+    row by all G matrices. Rows past sum(group_sizes) give zeros, as in `ragged_dot`.
     """
     n_rows, n_groups = lhs.shape[0], rhs.shape[0]
     tile = _tile_rows(n_rows, n_groups)
-    n_tiles = -(-n_rows // tile) + n_groups
+    n_tiles = -(-(n_rows + n_groups * (tile - 1)) // tile)  # each group pads < a tile
     ends = jnp.cumsum(group_sizes)
     padded = -(-group_sizes // tile) * tile
     padded_ends = jnp.cumsum(padded)
@@ -100,39 +113,104 @@ def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array)
     return jnp.take(out.reshape(n_tiles * tile, -1), jnp.minimum(dest, n_tiles * tile - 1), axis=0)
 
 
+MEGABLOX_TILE = 128  # megablox GMM (m, k, n) tile: the TPU's 128 lanes
+
+
+def megablox_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
+                            interpret: bool = False) -> jax.Array:
+    """`ragged_dot` as the megablox GMM Pallas kernel (TPU; `interpret=True` runs it anywhere).
+
+    Rows are padded to whole 128-row tiles. Unlike `ragged_dot`, rows past sum(group_sizes)
+    are left unwritten (garbage), so callers mask them (as `_local_experts` does).
+    """
+    from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
+
+    n_rows = lhs.shape[0]
+    extra = -n_rows % MEGABLOX_TILE
+    tiling = (MEGABLOX_TILE, min(MEGABLOX_TILE, lhs.shape[1]), min(MEGABLOX_TILE, rhs.shape[2]))
+    out = megablox.gmm(jnp.pad(lhs, ((0, extra), (0, 0))), rhs, group_sizes.astype(jnp.int32),
+                       lhs.dtype, tiling, None, None, False, interpret)
+    return out[:n_rows]
+
+
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
-    """Grouped matmul: XLA's ragged dot on TPU and GPU, `tiled_grouped_matmul` on CPU."""
+    """Grouped matmul by platform: megablox GMM on TPU, XLA's ragged dot on GPU,
+    `tiled_grouped_matmul` on CPU. Rows past sum(group_sizes) are unspecified."""
     return jax.lax.platform_dependent(
-        lhs, rhs, group_sizes, cpu=tiled_grouped_matmul,
+        lhs, rhs, group_sizes, cpu=tiled_grouped_matmul, tpu=megablox_grouped_matmul,
         default=lambda a, b, g: jax.lax.ragged_dot(a, b, g))
 
 
-def _local_experts(x, top_idx, top_vals, gate, up, down, first_expert):
+class RouterLoad(NamedTuple):
+    """A MoE layer's routing statistics: `expert_copies` [E] float32, the token copies the
+    router sent to each expert, and `dropped` [] float32, the copies that found no room in
+    their rank's buffer (always 0 when dropless) and so contribute nothing."""
+
+    expert_copies: jax.Array
+    dropped: jax.Array
+
+
+def load_metrics(load: RouterLoad) -> dict[str, jax.Array]:
+    """Scalar metrics of a `RouterLoad` with leading axes (e.g. [layers, E]): the worst
+    layer's max/mean copies per expert (1 = balanced, E/k = every token on the same k
+    experts) and the fraction of all copies dropped for capacity."""
+    copies = load.expert_copies
+    per_layer = jnp.max(copies, axis=-1) / jnp.maximum(jnp.mean(copies, axis=-1), 1e-9)
+    return {"router_max_over_mean_load": jnp.max(per_layer),
+            "router_dropped_fraction": jnp.sum(load.dropped) / jnp.maximum(jnp.sum(copies), 1.0)}
+
+
+def buffer_rows(n_tokens: int, top_k: int, n_local: int, n_ranks: int,
+                capacity_factor: float | None) -> int:
+    """Rows of one rank's grouped-matmul buffer for `n_tokens` tokens.
+
+    Dropless (None): the worst case, every token sending min(k, n_local) copies to this rank.
+    With a capacity factor: that factor times the balanced share n_tokens·k/n_ranks (rounded
+    up), never more than the worst case. XLA's static cost analysis counts the whole buffer.
+    """
+    worst = n_tokens * min(top_k, n_local)
+    if capacity_factor is None:
+        return worst
+    if not capacity_factor > 0:
+        raise ValueError(f"moe_capacity_factor={capacity_factor!r} must be > 0 (or None for "
+                         "dropless)")
+    return min(worst, max(1, math.ceil(capacity_factor * n_tokens * top_k / n_ranks)))
+
+
+def _local_experts(x, top_idx, top_vals, gate, up, down, first_expert, capacity):
     """Routed SwiGLU of tokens x [N, D] over the experts gate/up [G, D, F], down [G, F, D].
 
     The local experts are global ids first_expert .. first_expert + G - 1; copies routed
-    elsewhere contribute zero. Returns [N, D] in x's dtype.
+    elsewhere contribute zero. At most `capacity` local copies run, the earliest tokens' first
+    (as MaxText drops the latest); the rest are dropped. Returns ([N, D] in x's dtype, the
+    number of dropped copies).
     """
     n_tokens, top_k = top_idx.shape
     n_local = gate.shape[0]
     local_id = top_idx.reshape(-1) - first_expert  # [N*k], token-major copies
     is_local = (local_id >= 0) & (local_id < n_local)
-    sort_key = jnp.where(is_local, local_id, n_local)  # copies for other ranks sort last
+    kept = is_local & (jnp.cumsum(is_local) <= capacity)
+    sort_key = jnp.where(kept, local_id, n_local)  # dropped and other ranks' copies sort last
     order = jnp.argsort(sort_key, stable=True)
-    capacity = n_tokens * min(top_k, n_local)  # dropless: at most this many local copies
     rows = order[:capacity]
     group_sizes = jnp.sum(jax.nn.one_hot(sort_key, n_local, dtype=jnp.int32), axis=0)
-    x_sorted = jnp.take(x, rows // top_k, axis=0)  # [capacity, D]
+    n_kept = jnp.sum(group_sizes)
+    # Rows past the kept copies: the megablox kernel leaves them unwritten, in its output and
+    # in its backward pass's lhs gradient; this `where` keeps the latter from reaching x, and
+    # the un-sort below never reads the former.
+    row_valid = (jnp.arange(capacity) < n_kept)[:, None]
+    x_sorted = jnp.where(row_valid, jnp.take(x, rows // top_k, axis=0), 0)  # [capacity, D]
     hidden = (jax.nn.silu(grouped_matmul(x_sorted, gate, group_sizes))
               * grouped_matmul(x_sorted, up, group_sizes))
-    out_sorted = grouped_matmul(hidden, down, group_sizes)  # zero past sum(group_sizes)
-    # un-sort: copy c sits at position inverse[c] of the sorted order; beyond the buffer it
-    # is another rank's copy and reads the appended zero row
-    inverse = jnp.argsort(order)
+    out_sorted = grouped_matmul(hidden, down, group_sizes)
+    # un-sort: copy c sits at position inverse[c] of the sorted order; a copy not kept here
+    # (dropped, or another rank's) reads the appended zero row
+    inverse = jnp.where(kept, jnp.argsort(order), capacity)
     padded = jnp.concatenate([out_sorted, jnp.zeros((1, x.shape[-1]), out_sorted.dtype)])
-    copies = jnp.take(padded, jnp.minimum(inverse, capacity), axis=0)
-    weights = jnp.where(is_local, top_vals.reshape(-1), 0.0).astype(x.dtype)
-    return jnp.sum((copies * weights[:, None]).reshape(n_tokens, top_k, -1), axis=1)
+    copies = jnp.take(padded, inverse, axis=0)
+    weights = jnp.where(kept, top_vals.reshape(-1), 0.0).astype(x.dtype)
+    out = jnp.sum((copies * weights[:, None]).reshape(n_tokens, top_k, -1), axis=1)
+    return out, (jnp.sum(is_local) - n_kept).astype(jnp.float32)
 
 
 def _token_spec(n_tokens: int, mesh) -> PartitionSpec:
@@ -143,38 +221,48 @@ def _token_spec(n_tokens: int, mesh) -> PartitionSpec:
 
 def moe_mlp(
     x: jax.Array, router: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
-    top_k: int, normalise: bool,
-) -> jax.Array:
-    """Routed dropless mixture of experts on x [B, T, D]; equal to `moe_mlp_dense`.
+    top_k: int, normalise: bool, capacity_factor: float | None = None,
+) -> tuple[jax.Array, RouterLoad]:
+    """Routed mixture of experts on x [B, T, D]: (output, its `RouterLoad`).
 
-    Expert-parallel over 'tensor' when the abstract mesh in context (`jax.set_mesh`) has the
-    ('data', 'fsdp', 'tensor') axes and 'tensor' divides the expert count; otherwise one
-    routed computation over all experts, left to the SPMD partitioner.
+    Dropless (`capacity_factor` None) it equals `moe_mlp_dense`. Expert-parallel over 'tensor'
+    when the abstract mesh in context (`jax.set_mesh`) has the ('data', 'fsdp', 'tensor') axes
+    and 'tensor' divides the expert count; otherwise one routed computation over all experts,
+    left to the SPMD partitioner. Each rank's buffer holds `buffer_rows` copies of its tokens.
     """
     batch, length, d_model = x.shape
     flat = x.reshape(batch * length, d_model)
     top_idx, top_vals = route(flat, router, top_k, normalise)
-    mesh = jax.sharding.get_abstract_mesh()
     n_experts = gate.shape[0]
+    expert_copies = jnp.sum(jax.nn.one_hot(top_idx.reshape(-1), n_experts, dtype=jnp.float32),
+                            axis=0)
+    mesh = jax.sharding.get_abstract_mesh()
     expert_parallel = (set(mesh.axis_names) == {*TOKEN_AXES, EXPERT_AXIS}
                        and mesh.shape[EXPERT_AXIS] > 1 and n_experts % mesh.shape[EXPERT_AXIS] == 0)
     if not expert_parallel:
-        out = _local_experts(flat, top_idx, top_vals, gate, up, down, 0)
-        return out.reshape(x.shape)
+        capacity = buffer_rows(flat.shape[0], top_k, n_experts, 1, capacity_factor)
+        out, dropped = _local_experts(flat, top_idx, top_vals, gate, up, down, 0, capacity)
+        return out.reshape(x.shape), RouterLoad(expert_copies, dropped)
 
-    n_local = n_experts // mesh.shape[EXPERT_AXIS]
+    n_ranks = mesh.shape[EXPERT_AXIS]
+    n_local = n_experts // n_ranks
+    tokens = _token_spec(flat.shape[0], mesh)
+    token_shards = math.prod(mesh.shape[a] for a in TOKEN_AXES) if tokens[0] else 1
+    capacity = buffer_rows(flat.shape[0] // token_shards, top_k, n_local, n_ranks,
+                           capacity_factor)
+    all_axes = (*TOKEN_AXES, EXPERT_AXIS) if tokens[0] else EXPERT_AXIS
 
     def shard(x, top_idx, top_vals, gate, up, down):
-        # Mark the tokens as varying over the expert axis before the rank-dependent gathers:
-        # left implicit, JAX 0.10 drops the psum of their gradient over 'tensor'.
-        x, top_vals = jax.lax.pcast((x, top_vals), EXPERT_AXIS, to="varying")
         first = jax.lax.axis_index(EXPERT_AXIS) * n_local
-        partial = _local_experts(x, top_idx, top_vals, gate, up, down, first)
-        return jax.lax.psum(partial, EXPERT_AXIS)
+        partial, dropped = _local_experts(x, top_idx, top_vals, gate, up, down, first, capacity)
+        return jax.lax.psum(partial, EXPERT_AXIS), jax.lax.psum(dropped, all_axes)
 
-    tokens = _token_spec(flat.shape[0], mesh)
     experts = PartitionSpec(EXPERT_AXIS, None, None)  # gathered over fsdp on entry (ZeRO-3)
-    out = jax.shard_map(shard, mesh=mesh, in_specs=(tokens, tokens, tokens, experts, experts,
-                                                    experts), out_specs=tokens)(
+    # check_vma=False: the megablox kernel's outputs carry no varying-axes type (JAX refuses
+    # to trace it otherwise, on every platform, as platform_dependent traces each branch);
+    # the gradients are checked against the dense layer in tests/models/test_moe.py.
+    out, dropped = jax.shard_map(
+        shard, mesh=mesh, in_specs=(tokens, tokens, tokens, experts, experts, experts),
+        out_specs=(tokens, PartitionSpec()), check_vma=False)(
         flat, top_idx, top_vals, gate, up, down)
-    return out.reshape(x.shape)
+    return out.reshape(x.shape), RouterLoad(expert_copies, dropped)

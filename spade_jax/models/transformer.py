@@ -79,6 +79,7 @@ class Transformer(nnx.Module):
         kv_mask: jax.Array,
         compute_dtype=None,
         remat: bool = False,
+        record_router_load: bool = False,
     ) -> jax.Array:
         """Run the decoder on `tokens` [B, T] at rotary `positions` [B, T] (the training path).
 
@@ -89,6 +90,8 @@ class Transformer(nnx.Module):
         layer's activations in the backward pass (jax.checkpoint on the scanned block): less
         memory for training, about a third more compute. Returns hidden states [B, T, D] after
         the final norm. Cached decoding is `unrolled_forward` (the sampler's path).
+        `record_router_load=True` (MoE) sows the layers' `moe.RouterLoad`, stacked over layers
+        ([L, E] copies per expert, [L] dropped), as the `nnx.Intermediate` 'router_load'.
         """
         cfg = self.cfg
         # `is None`, not `or`: a numpy dtype is falsy (it has no fields)
@@ -98,12 +101,14 @@ class Transformer(nnx.Module):
 
         def block(x, params):
             params = jax.tree.map(lambda a: a.astype(dtype), params)
-            x, _ = decoder_block(cfg, params, x, positions, mask, None, 0)
-            return x, None
+            x, _, load = decoder_block(cfg, params, x, positions, mask, None, 0)
+            return x, load
 
         if remat:
             block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-        x, _ = jax.lax.scan(block, x, self._layer_params())
+        x, router_load = jax.lax.scan(block, x, self._layer_params())
+        if record_router_load and router_load is not None:
+            self.sow(nnx.Intermediate, "router_load", router_load)
         return layers.rms_norm(x, self.final_norm[...], cfg.rms_eps)
 
     def layer_params(self, *, fuse: bool = False) -> list[dict[str, jax.Array]]:
@@ -149,8 +154,8 @@ def decoder_block(
     mask: SlotMask,
     layer_cache: tuple[jax.Array, jax.Array] | None,
     cache_index: jax.Array | int,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One decoder layer on x [B, T, D]; returns (x, (k_t, v)).
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array], moe.RouterLoad | None]:
+    """One decoder layer on x [B, T, D]; returns (x, (k_t, v), the MoE's `RouterLoad` or None).
 
     With `layer_cache` = (k_t [B, K, Dh, slots], v [B, K, slots, Dh]) — head-major, keys
     transposed so that every attention product reads them in its natural layout — the new
@@ -189,18 +194,20 @@ def decoder_block(
                      causal=layer_cache is None, kernel=cfg.attention)
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
+    load = None
     if cfg.is_moe:
-        x = x + moe.moe_mlp(
+        out, load = moe.moe_mlp(
             h, params["router"], params["w_gate"], params["w_up"], params["w_down"],
-            cfg.n_experts_per_tok, cfg.norm_topk_prob,
+            cfg.n_experts_per_tok, cfg.norm_topk_prob, cfg.moe_capacity_factor,
         )
+        x = x + out
     elif "w_gate_up" in params:
         gate_up = h @ params["w_gate_up"]
         gate, up = jnp.split(gate_up, 2, axis=-1)
         x = x + (jax.nn.silu(gate) * up) @ params["w_down"]
     else:
         x = x + layers.swiglu_mlp(h, params["w_gate"], params["w_up"], params["w_down"])
-    return x, (k, v)
+    return x, (k, v), load
 
 
 def unrolled_forward(
@@ -225,7 +232,7 @@ def unrolled_forward(
     mask = SlotMask(kv_mask, cache_index)
     new_cache = []
     for params, layer_cache in zip(layer_params, cache, strict=True):
-        x, kv = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)
+        x, kv, _ = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)
         new_cache.append(kv)
     return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache
 

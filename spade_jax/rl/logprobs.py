@@ -51,17 +51,19 @@ def token_logprobs(
     chunk_size: int = 256,
     remat: bool = False,
     compute_dtype=None,
+    record_router_load: bool = False,
 ) -> jax.Array:
     """logp [B, T] with logp[:, t] = log p(tokens[:, t] | tokens[:, :t]) and logp[:, 0] = 0.
 
     `mask` [B, T] marks real tokens (left or right padding). The decoder runs in
     `compute_dtype` (None: the weights' dtype); logits and softmax are float32 whatever it is.
     This alignment is the one `Session.training_arrays` uses for old_logp.
+    `record_router_load`: see `Transformer.__call__`.
     """
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
     hidden = model(tokens, positions_from_mask(mask), kv_mask=mask, remat=remat,
-                   compute_dtype=compute_dtype)
+                   compute_dtype=compute_dtype, record_router_load=record_router_load)
     weight, vocab_major = model.output_projection()
     logp = chunked_target_logprobs(hidden[:, :-1], weight, tokens[:, 1:], chunk_size,
                                    vocab_major=vocab_major)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spade_jax.models import moe
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.logprobs import token_logprobs
@@ -40,6 +41,7 @@ from spade_jax.rl.losses import LossAggregation, ppo_clip_loss
 from spade_jax.sharding import param_shardings, traced_in_mesh
 
 _BATCH_AXES = ("data", "fsdp")
+ROUTER_LOAD_KEY = "router_load"  # the sums' entry holding a MoE's `moe.RouterLoad` per layer
 
 
 class Remat(enum.StrEnum):
@@ -169,14 +171,16 @@ def compute_copy(params: nnx.State, dtype, shardings=None) -> nnx.State:
 
 def _micro_loss(graphdef, config: TrainConfig, compute_dtype, params, micro, reference):
     """(loss numerator, (sums)) of one micro-batch; see the module docstring."""
-    def logprobs(weights):
-        return token_logprobs(nnx.merge(graphdef, weights), micro["tokens"], micro.get("mask"),
+    def logprobs(model, record_router_load=False):
+        return token_logprobs(model, micro["tokens"], micro.get("mask"),
                               chunk_size=config.logprob_chunk,
                               remat=Remat(config.remat).recompute_layers,
-                              compute_dtype=compute_dtype)
+                              compute_dtype=compute_dtype, record_router_load=record_router_load)
 
-    logp = logprobs(params)
-    ref_logp = None if reference is None else jax.lax.stop_gradient(logprobs(reference))
+    logp, sown = nnx.capture(lambda model: logprobs(model, record_router_load=True),
+                             nnx.Intermediate)(nnx.merge(graphdef, params))
+    ref_logp = (None if reference is None
+                else jax.lax.stop_gradient(logprobs(nnx.merge(graphdef, reference))))
     loss, sums = ppo_clip_loss(
         logp, jax.lax.stop_gradient(logp), micro["advantages"], micro["loss_mask"],
         clip_low=config.clip_low, clip_high=config.clip_high,
@@ -184,6 +188,9 @@ def _micro_loss(graphdef, config: TrainConfig, compute_dtype, params, micro, ref
         ref_logp=ref_logp, kl_coef=config.kl_coef,
         aggregation=LossAggregation(config.loss_aggregation),
     )
+    if "router_load" in sown:  # MoE: [layers, E] copies per expert and [layers] dropped
+        load = moe.RouterLoad(*sown["router_load"].get_value()[0])
+        sums = dict(sums, **{ROUTER_LOAD_KEY: load})
     return loss, sums
 
 
@@ -197,7 +204,9 @@ class TrainStep:
     metrics: loss (as aggregated), tokens, samples, grad_norm (before clipping), and token means
     of clip_fraction, ratio, approx_kl (exactly 0, 1 and 0 while old_logp is the step's own
     forward), tis_weight and tis_clip_fraction (share of tokens whose importance ratio exceeded
-    tis_cap), kl. `grouped(state, [(batch, micro_batches), ...])` is
+    tis_cap), kl; with a mixture of experts also router_max_over_mean_load and
+    router_dropped_fraction (`moe.load_metrics` of the step's summed per-layer loads).
+    `grouped(state, [(batch, micro_batches), ...])` is
     one optimizer step over several batches of different lengths (RL batches mix 4k-token
     Designer samples with short Agent episodes: each group is padded to its own length, not
     the longest), with the same exact accumulation: each group's program adds into one donated
@@ -275,7 +284,9 @@ class TrainStep:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         out = {k: v / jnp.maximum(sums["tokens"], 1.0) for k, v in sums.items()
-               if k not in ("tokens", "samples")}
+               if k not in ("tokens", "samples", ROUTER_LOAD_KEY)}
+        if ROUTER_LOAD_KEY in sums:
+            out.update(moe.load_metrics(sums[ROUTER_LOAD_KEY]))
         out.update(loss=loss / denom, tokens=tokens, samples=samples,
                    skipped_tokens=skipped["tokens"], skipped_samples=skipped["samples"],
                    grad_norm=optax.global_norm(grads))

@@ -57,7 +57,8 @@ def load_model_and_tokenizer(run: RunConfig, mesh):
         path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
         return model, load_tokenizer(path)
     policy = load_policy(run.model.source, mesh=mesh, dtype=dtype)
-    policy.model.cfg = policy.config.replace(attention=run.model.attention)
+    policy.model.cfg = policy.config.replace(attention=run.model.attention,
+                                             moe_capacity_factor=run.model.moe_capacity_factor)
     if policy.config != run.model.arch:
         log.warning("the checkpoint's architecture differs from config.model.arch; "
                     "using the checkpoint's: %s", policy.config)

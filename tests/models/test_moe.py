@@ -32,6 +32,11 @@ def _collapsed_router():
     return jnp.asarray(bias)
 
 
+def _routed(*args):
+    """The routed layer's output alone (dropless)."""
+    return moe.moe_mlp(*args)[0]
+
+
 def _loss(fn):
     def loss(x, router, gate, up, down):
         out = fn(x, router, gate, up, down, K, True)
@@ -55,8 +60,8 @@ def test_routed_equals_dense_on_one_device(collapsed):
         args = (jnp.abs(args[0]),) + args[1:]
         top_idx, _ = moe.route(args[0], args[1], K, True)
         assert set(np.unique(top_idx)) == {2, 5}  # all tokens on one pair; six experts idle
-    _assert_close(moe.moe_mlp(*args, K, True), moe.moe_mlp_dense(*args, K, True))
-    _assert_close(_value_and_grads(moe.moe_mlp, args), _value_and_grads(moe.moe_mlp_dense, args))
+    _assert_close(_routed(*args, K, True), moe.moe_mlp_dense(*args, K, True))
+    _assert_close(_value_and_grads(_routed, args), _value_and_grads(moe.moe_mlp_dense, args))
 
 
 @pytest.mark.parametrize("shape", MESHES)
@@ -72,7 +77,7 @@ def test_expert_parallel_equals_dense(shape, collapsed):
              PartitionSpec("tensor", None, "fsdp")]
     sharded = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs, strict=True)]
     with jax.set_mesh(mesh):
-        step = jax.jit(lambda *a: _value_and_grads(moe.moe_mlp, a))
+        step = jax.jit(lambda *a: _value_and_grads(_routed, a))
         text = step.lower(*sharded).as_text()
         got = step(*sharded)
     if shape[2] > 1:
@@ -97,7 +102,7 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
                  loss_mask=np.ones((8, 10), np.float32),
                  advantages=rng.normal(size=8).astype(np.float32),
                  behaviour_logp=np.full((8, 10), -4.0, np.float32))
-    params = {}
+    params, loads = {}, {}
     for shape in [(1, 1, 1), (1, 2, 4)]:
         mesh = make_mesh(shape, jax.devices()[:int(np.prod(shape))])
         state = init_train_state(Transformer(cfg, rngs=nnx.Rngs(0)), optax.sgd(1.0), mesh)
@@ -106,15 +111,25 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
             abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                                    sharding=a.sharding), state)
             assert "manual_computation" in step.lower(abstract, batch).as_text()
-        state, _ = step(state, batch)
+        state, metrics = step(state, batch)
         params[shape] = jax.tree.leaves(jax.device_get(state.params))
+        loads[shape] = [float(metrics[k]) for k in ("router_max_over_mean_load",
+                                                     "router_dropped_fraction")]
     _assert_close(params[(1, 2, 4)], params[(1, 1, 1)])
+    assert loads[(1, 2, 4)] == pytest.approx(loads[(1, 1, 1)])
+    max_over_mean, dropped = loads[(1, 1, 1)]
+    assert 1.0 < max_over_mean <= E / K and dropped == 0.0  # dropless
 
 
-@pytest.mark.parametrize("sizes", [[0, 5, 0, 30, 1], [36, 0, 0, 0, 0], [3, 4, 0, 0, 2]])
-def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
+@pytest.mark.parametrize(("rows", "sizes"), [
+    (5, [0, 2, 0, 3, 0]), (5, [5, 0, 0, 0, 0]), (5, [1, 1, 0, 0, 2]),  # 1-row tiles
+    (36, [0, 5, 0, 30, 1]), (36, [36, 0, 0, 0, 0]), (36, [3, 4, 0, 0, 2]),  # 8-row tiles
+    (400, [1, 150, 0, 233, 9]), (400, [400, 0, 0, 0, 0]), (400, [17, 0, 0, 0, 3]),  # 16-row
+])
+def test_tiled_grouped_matmul_equals_ragged_dot(rows, sizes):
     """Empty groups, one group taking every row, and rows past the groups (zeros)."""
-    lhs = jax.random.normal(jax.random.key(0), (36, 7))
+    assert moe._tile_rows(rows, 5) == {5: 1, 36: 8, 400: 16}[rows]
+    lhs = jax.random.normal(jax.random.key(0), (rows, 7))
     rhs = jax.random.normal(jax.random.key(1), (5, 7, 3))
     group_sizes = jnp.array(sizes, jnp.int32)
     want = jax.lax.ragged_dot(lhs, rhs, group_sizes)
@@ -122,3 +137,116 @@ def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
     grads = [jax.grad(lambda a, b, f=f: jnp.sum(jnp.sin(f(a, b, group_sizes))), argnums=(0, 1))(
         lhs, rhs) for f in (moe.tiled_grouped_matmul, jax.lax.ragged_dot)]
     _assert_close(grads[0], grads[1])
+
+
+def test_router_load_counts_copies_per_expert_and_nothing_dropped_when_dropless():
+    args = _params()
+    out, load = moe.moe_mlp(*args, K, True)
+    top_idx, _ = moe.route(args[0], args[1], K, True)
+    np.testing.assert_array_equal(load.expert_copies,
+                                  np.bincount(np.asarray(top_idx).ravel(), minlength=E))
+    assert float(load.dropped) == 0.0
+
+
+def test_load_metrics_of_balanced_collapsed_and_dropping_loads():
+    balanced = moe.RouterLoad(jnp.full((2, E), 6.0), jnp.zeros(2))
+    collapsed = moe.RouterLoad(jnp.array([[24.0, 24.0] + [0.0] * (E - 2), [6.0] * E]),
+                               jnp.array([12.0, 0.0]))
+    assert float(moe.load_metrics(balanced)["router_max_over_mean_load"]) == 1.0
+    metrics = moe.load_metrics(collapsed)
+    assert float(metrics["router_max_over_mean_load"]) == pytest.approx(E / 2)  # worst layer
+    assert float(metrics["router_dropped_fraction"]) == pytest.approx(12 / 96)
+
+
+def test_buffer_rows_dropless_worst_case_and_capacity_share():
+    assert moe.buffer_rows(100, 8, 16, 8, None) == 800  # every token's 8 copies here
+    assert moe.buffer_rows(100, 8, 16, 8, 1.25) == 125  # 1.25 x 100·8/8
+    assert moe.buffer_rows(100, 2, 1, 8, 100.0) == 100  # never past the worst case
+    with pytest.raises(ValueError, match="moe_capacity_factor=0"):
+        moe.buffer_rows(100, 8, 16, 8, 0)
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 4.0])
+def test_capacity_that_never_binds_equals_dense(capacity_factor):
+    """On (1, 2, 4) a factor of tp (4) gives each rank room for all its copies: no drop."""
+    mesh = make_mesh((1, 2, 4))
+    args = _params(seed=2)
+    with jax.set_mesh(mesh):
+        out, load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True, capacity_factor))(*args)
+    _assert_close(out, moe.moe_mlp_dense(*args, K, True))
+    assert float(load.dropped) == 0.0
+
+
+def test_capacity_drops_the_latest_tokens_copies_and_counts_them():
+    """Collapsed router on (1, 2, 4): each token sends one copy to rank 1 (expert 2) and one to
+    rank 2 (expert 5). Per fsdp shard of 24 tokens a rank holds 1.0 x 24·2/4 = 12 copies, so
+    the first 12 tokens of each shard keep both copies (= dense) and the last 12 lose both."""
+    mesh = make_mesh((1, 2, 4))
+    args = _params(seed=1, router_bias=_collapsed_router())
+    args = (jnp.abs(args[0]),) + args[1:]
+    with jax.set_mesh(mesh):
+        out, load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True, 1.0))(*args)
+    want = np.asarray(moe.moe_mlp_dense(*args, K, True)).reshape(2, 24, D)
+    got = np.asarray(out).reshape(2, 24, D)
+    np.testing.assert_allclose(got[:, :12], want[:, :12], atol=1e-5)
+    np.testing.assert_array_equal(got[:, 12:], 0.0)
+    assert float(load.dropped) == 48.0  # 24 tokens x 2 copies
+    assert float(moe.load_metrics(load)["router_dropped_fraction"]) == 0.5
+
+
+def _megablox_interpret(lhs, rhs, group_sizes):
+    return moe.megablox_grouped_matmul(lhs, rhs, group_sizes, interpret=True)
+
+
+def test_megablox_kernel_in_interpret_mode_equals_ragged_dot():
+    """The TPU kernel run by Pallas's interpreter on CPU: rows inside the groups (the kernel
+    leaves the rest unwritten), values and gradients; 200 rows pad to two 128-row tiles."""
+    lhs = jax.random.normal(jax.random.key(0), (200, 128))
+    rhs = jax.random.normal(jax.random.key(1), (4, 128, 128))
+    group_sizes = jnp.array([0, 100, 20, 56], jnp.int32)
+    real = 176
+    loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b, group_sizes)[:real]))  # noqa: E731
+    got = _megablox_interpret(lhs, rhs, group_sizes)[:real]
+    np.testing.assert_allclose(got, jax.lax.ragged_dot(lhs, rhs, group_sizes)[:real],
+                               atol=1e-4, rtol=1e-5)
+    grads = [jax.grad(loss(f), argnums=(0, 1))(lhs, rhs)
+             for f in (_megablox_interpret, jax.lax.ragged_dot)]
+    np.testing.assert_allclose(grads[0][0][:real], grads[1][0][:real], atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(grads[0][1], grads[1][1], atol=1e-4, rtol=1e-5)
+
+
+def test_routed_layer_masks_the_megablox_kernels_unwritten_rows(monkeypatch):
+    """The expert-parallel layer on the interpreted TPU kernel equals dense in value and
+    gradients: on (1, 2, 4) each rank's dropless buffer (24 tokens x 2 copies) is longer than
+    its share of the copies, so rows the kernel leaves unwritten (NaN when interpreted) sit in
+    it and must not reach the output or x's gradient."""
+    monkeypatch.setattr(moe, "grouped_matmul", _megablox_interpret)
+    args = _params(seed=3)
+    with jax.set_mesh(make_mesh((1, 2, 4))):
+        got = jax.jit(lambda *a: _value_and_grads(_routed, a))(*args)
+    _assert_close(got, _value_and_grads(moe.moe_mlp_dense, args))
+
+
+@pytest.mark.parametrize("platform, op", [("tpu", "tpu_custom_call"), ("cuda", "ragged_dot"),
+                                          ("cpu", None)])
+def test_grouped_matmul_picks_megablox_on_tpu_ragged_dot_on_gpu(platform, op):
+    lhs = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((4, 128, 128), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
+    text = jax.jit(moe.grouped_matmul).trace(lhs, rhs, sizes).lower(
+        lowering_platforms=(platform,)).as_text()
+    for other in ("tpu_custom_call", "ragged_dot"):
+        assert (other in text) == (other == op), (platform, other)
+
+
+def test_capacity_factor_comes_from_the_run_config_and_bad_values_are_named():
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.errors import ConfigError
+
+    cfg = load_config_file("30b")
+    assert parse(cfg).model.arch.moe_capacity_factor is None  # dropless by default
+    cfg.model.moe_capacity_factor = 1.25
+    assert parse(cfg).model.arch.moe_capacity_factor == 1.25
+    cfg.model.moe_capacity_factor = -1.0
+    with pytest.raises(ConfigError, match=r"model.moe_capacity_factor=-1.0 must be > 0"):
+        parse(cfg)
