@@ -12,7 +12,9 @@ workload runs three ways, each timed end to end (prefill, decode, appends, env s
   turn decodes every playing row until the last one stops;
 - transformers: `generate` on the same token ids, turn by turn, each turn re-prefilling the
   conversation so far (left-padded batch), stopping at EOS.
-Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds. Outputs are
+Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds, including
+the compilations of shapes first met during the run (their count and seconds are printed: a
+warm-up cannot meet every shape the schedule produces). Outputs are
 compared token for token: greedy decoding is deterministic, but a float near-tie between two
 implementations may pick the other token, after which a play's conversation diverges.
 """
@@ -173,6 +175,8 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
 
+    import jax
+
     import spade_jax
     from spade_jax.sampling import Sampler
     from spade_jax.spade.rollout import ChatFormat
@@ -203,14 +207,20 @@ def main() -> None:
             str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
         eos = chat.eos_id
         runs["transformers"] = lambda: run_transformers(hf, work, args.new_tokens, eos, eos)
+    compiling = []  # seconds of every XLA compilation (new shapes met during a run)
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **_: compiling.append(secs)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
     for name, run in runs.items():
+        compiling.clear()
         start = time.perf_counter()
         results[name] = run()
         seconds[name] = time.perf_counter() - start
         tokens = sum(len(t) for turns in results[name] for t in turns)
         print(f"{name:>12}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
-              f"{tokens / seconds[name]:6.1f} useful tokens/s "
-              f"(load average {os.getloadavg()[0]:.2f})", flush=True)
+              f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} XLA "
+              f"compilations took {sum(compiling):.1f} s (load average "
+              f"{os.getloadavg()[0]:.2f})", flush=True)
     for name in results:
         same = sum(a == b for a, b in zip(results[name], results["engine"], strict=True))
         print(f"{name:>12}: {same}/{len(work.prompts)} conversations token-identical to the "
