@@ -1,5 +1,6 @@
 """Jitted KV-cache sampling: `generate` for one-shot text, `Sampler`/`Session` for multi-turn."""
 
+from spade_jax.sampling.engine import Conversation, Engine, Request
 from spade_jax.sampling.generate import Completion, encode_prompt, generate, sampler_for
 from spade_jax.sampling.sampler import CacheFullError, Sampler, Session, TurnOutput
 from spade_jax.sampling.sampling_fns import select_tokens
@@ -7,6 +8,9 @@ from spade_jax.sampling.sampling_fns import select_tokens
 __all__ = [
     "CacheFullError",
     "Completion",
+    "Conversation",
+    "Engine",
+    "Request",
     "Sampler",
     "Session",
     "TurnOutput",

@@ -1,31 +1,30 @@
 """KV-cache sampler: jitted extend (prefill / append) and a `lax.while_loop` decode.
 
 Cache layout. One (k_t [B, K, Dh, window], v [B, K, window, Dh]) pair per layer (keys
-transposed) plus `kv_mask` [B, window] that marks the slots holding real tokens. All rows
-share one write index: every extend or decode step writes the same slot range for the whole
-batch, and rows that have nothing to write there (padding, finished or inactive rows) leave
-those slots masked out. Rotary positions are per row (a row's position counts its real
-tokens), so gaps in the cache never change the maths: a row attends exactly to its own tokens
-in order, whatever the padding — which is what makes left-padding invariance and "appending
-equals re-prefilling" hold.
+transposed) and, per row, its length: row r's tokens fill its slots [0, lengths[r]) in order,
+with no gaps, so a row's capacity depends only on its own tokens. Writes are per row: a forward
+writes the whole batch at a shared *staging* range (the window's last slots, which every row
+leaves free) and attends there, then each row's new keys/values move to its own next slots.
+Rotary positions are per row too (a row's position counts its tokens), so a row attends
+exactly to its own tokens in order, whatever the other rows hold — which is what makes
+left-padding invariance and "appending equals re-prefilling" hold.
 
 Every row always has one *pending* token: the last token of its sequence, not yet in the cache.
 Prefill writes a prompt's tokens but the last; a decode step writes the pending token and
 samples the next one, which becomes pending; an append writes the pending token and the
 observation but its last token. So prefill and append are the same jitted `extend`, and a turn
-that ended on a stop token needs no extra forward pass.
+that ended on a stop token needs no extra forward pass. An extend computes only the rows that
+have tokens (where the cache's batch is not split over devices): an observation for one row
+does not pay for the whole batch.
 
-Capacity: the slot count is fixed when a session starts. Slots are consumed by the longest row
-of each extend block (padding a block to its bucketed width never consumes slots: blocks are
-left-aligned and the padding is overwritten by the next write) and by every decode step while
-any row runs, so rows that finish early waste slots; size `capacity` for the whole
-conversation. A decode that runs out of slots ends the running rows with finish reason
-'length'; an append that does not fit raises `CacheFullError`.
+Capacity: each row holds at most `capacity` tokens in its cache (`Session.free_slots`). A decode
+that fills a row ends it with finish reason 'context_full'; an append that does not fit raises
+`CacheFullError` naming its rows; a prompt that does not fit is refused for its row only.
 
 Live window: the cache arrays only hold a bucketed *window* of slots that grows with the
-conversation (up to capacity, by padding), so attention and mask costs scale with the filled
-prefix, not with capacity. A decode runs in segments: each is one `lax.while_loop` over the
-current window, and the window grows geometrically between segments while rows still run.
+longest row (by padding), so attention costs scale with the filled prefix, not with capacity.
+A decode runs in segments: each is one `lax.while_loop` over the current window, and the window
+grows geometrically between segments while rows still run.
 
 Shapes that reach the compiler are bucketed (window, extend width, stop-id list), and
 temperature / top-k / top-p / seed / limits are traced, so a session compiles a handful of
@@ -83,10 +82,12 @@ _SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many ste
 
 
 class FinishReason(enum.StrEnum):
-    """Why a row stopped generating: a stop token, or its token budget."""
+    """Why a row stopped generating: a stop token, its token budget, or its own cache being
+    full (including a prompt longer than the capacity)."""
 
     STOP = "stop"
     LENGTH = "length"
+    CONTEXT_FULL = "context_full"
 
 
 @dataclasses.dataclass
@@ -102,6 +103,17 @@ class TurnOutput:
     def stopped(self) -> bool:
         """Whether the row ended with a stop token (its turn is complete)."""
         return self.finish_reason is FinishReason.STOP
+
+
+@dataclasses.dataclass
+class Turn:
+    """A decode in progress (`Session.begin_turn`): per row its output so far, the tokens it
+    may still sample, whether it still runs, and the sampling settings as program arguments."""
+
+    outputs: list[TurnOutput | None]
+    remaining: np.ndarray
+    running: np.ndarray
+    settings: tuple
 
 
 def fused_decode_weights(model: Transformer) -> dict:
@@ -123,21 +135,62 @@ def _decode_weights(model: Transformer, fused: dict | None):
     return fused["layers"], partial(vocab_logits, weight=fused["unembedding"], vocab_major=False)
 
 
-def _extend(graphdef, state, fused, cache, kv_mask, tokens, token_mask, positions, index):
+def _valid_slots(lengths: jax.Array, window: int) -> jax.Array:
+    """[B, window] bool: row r's tokens fill its slots [0, lengths[r])."""
+    return jnp.arange(window)[None, :] < lengths[:, None]
+
+
+def _move_staged(cache: list, stage: int, targets: jax.Array) -> list:
+    """Move every layer's keys/values at slots [stage, stage + W) to each row's own slots
+    `targets` [B, W] (an out-of-range target drops that slot): per-row writes after a forward
+    that wrote the whole batch at one shared staging slot range."""
+    width = targets.shape[1]
+    move_k = jax.vmap(lambda c, s, t: c.at[:, :, t].set(s, mode="drop"))
+    move_v = jax.vmap(lambda c, s, t: c.at[:, t, :].set(s, mode="drop"))
+    return [(move_k(k_t, k_t[:, :, :, stage:stage + width], targets),
+             move_v(v, v[:, :, stage:stage + width, :], targets)) for k_t, v in cache]
+
+
+def _extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions):
+    """Write each row's left-aligned block after its own `lengths[r]` tokens.
+
+    The forward writes the block at the last W slots of the window (a staging range every row
+    leaves free) and attends there causally; the block is then moved to each row's own slots.
+    """
+    window, width = cache[0][1].shape[2], tokens.shape[1]
+    stage = window - width
+    kv_valid = _valid_slots(lengths, window) | jnp.pad(token_mask, ((0, 0), (stage, 0)))
+    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_valid, cache, stage)
+    targets = jnp.where(token_mask, lengths[:, None] + jnp.arange(width), window)
+    return _move_staged(cache, stage, targets)
+
+
+def _extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions):
+    """`_extend_block` over the whole batch."""
     model = nnx.merge(graphdef, state)
     layer_params, _ = _decode_weights(model, fused)
-    kv_mask = jax.lax.dynamic_update_slice(kv_mask, token_mask, (0, index))
-    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_mask, cache, index)
-    return cache, kv_mask
+    return _extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions)
+
+
+def _extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions):
+    """`_extend_block` of only the cache rows `rows` [b] (an index past the batch: a padding
+    row, dropped), so the compute scales with the rows that have tokens, not the batch."""
+    model = nnx.merge(graphdef, state)
+    layer_params, _ = _decode_weights(model, fused)
+    sub = [(jnp.take(k_t, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip"))
+           for k_t, v in cache]
+    sub = _extend_block(model, layer_params, sub, lengths, tokens, token_mask, positions)
+    return [(k_t.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
+            for (k_t, v), (sk, sv) in zip(cache, sub, strict=True)]
 
 
 class DecodeState(NamedTuple):
-    """The decode loop's carry: the cache, each row's pending token and progress, and the
-    buffers of what it sampled (token, policy log-prob, sampling log-prob per step)."""
+    """The decode loop's carry: the cache, each row's length, pending token and progress, and
+    the buffers of what it sampled (token, policy log-prob, sampling log-prob per step)."""
 
-    step: jax.Array  # steps taken; the next writes cache slot `index + step`
+    step: jax.Array  # steps taken
     cache: list
-    kv_mask: jax.Array
+    lengths: jax.Array  # [B] tokens in each row's cache; the pending token goes to this slot
     pending: jax.Array  # [B] the token to write next
     positions: jax.Array  # [B] rotary position of the pending token
     running: jax.Array  # [B] rows still sampling
@@ -146,31 +199,38 @@ class DecodeState(NamedTuple):
     buffers: tuple  # ([B, window] tokens, log-probs, sampling log-probs)
 
 
-def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, limits,
-            max_steps, stop_ids, temperature, top_k, top_p, seed, row_ids, *, max_top_k):
-    """At most `max_steps` decode steps; the token buffers are as long as the window."""
+def _decode(graphdef, state, fused, cache, lengths, pending, positions, limits, max_steps,
+            exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids, *,
+            max_top_k):
+    """At most `max_steps` decode steps (the caller keeps every running row's length + steps
+    below the window's last slot, its staging slot); the token buffers are as long as the
+    window. The loop also ends once `exit_after_finished` rows have finished (continuous
+    batching refills their slots)."""
     model = nnx.merge(graphdef, state)
     layer_params, logits_of = _decode_weights(model, fused)
-    batch, window = kv_mask.shape
+    batch, window = pending.shape[0], cache[0][1].shape[2]
+    staging = window - 1
     max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
     buffers = (jnp.zeros((batch, window), jnp.int32),
                jnp.zeros((batch, window), jnp.float32),
                jnp.zeros((batch, window), jnp.float32))
-    init = DecodeState(step=jnp.int32(0), cache=cache, kv_mask=kv_mask, pending=pending,
+    init = DecodeState(step=jnp.int32(0), cache=cache, lengths=lengths, pending=pending,
                        positions=positions, running=limits > 0,
                        n_generated=jnp.zeros((batch,), jnp.int32),
                        stopped=jnp.zeros((batch,), bool), buffers=buffers)
 
     def cond(s: DecodeState):
-        return (s.step < max_steps) & jnp.any(s.running)
+        return ((s.step < max_steps) & jnp.any(s.running)
+                & (jnp.sum((limits > 0) & ~s.running) < exit_after_finished))
 
     def body(s: DecodeState) -> DecodeState:
-        slot = index + s.step
-        kv_mask = jax.lax.dynamic_update_slice(s.kv_mask, s.running[:, None], (0, slot))
+        kv_valid = _valid_slots(s.lengths, window) | (
+            (jnp.arange(window) == staging)[None, :] & s.running[:, None])
         hidden, cache = unrolled_forward(
-            model, layer_params, s.pending[:, None], s.positions[:, None], kv_mask, s.cache, slot
-        )
+            model, layer_params, s.pending[:, None], s.positions[:, None], kv_valid, s.cache,
+            staging)
+        cache = _move_staged(cache, staging, jnp.where(s.running, s.lengths, window)[:, None])
         logits = logits_of(hidden[:, 0])
         keys = row_keys(seed, row_ids, s.positions + 1)
         token, logp, sampling_logp = select_tokens(
@@ -184,13 +244,13 @@ def _decode(graphdef, state, fused, cache, kv_mask, pending, positions, index, l
         n_generated = s.n_generated + s.running
         hit_stop = s.running & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
         return DecodeState(
-            step=s.step + 1, cache=cache, kv_mask=kv_mask,
+            step=s.step + 1, cache=cache, lengths=s.lengths + s.running,
             pending=jnp.where(s.running, token, s.pending), positions=s.positions + s.running,
             running=s.running & ~hit_stop & (n_generated < limits), n_generated=n_generated,
             stopped=s.stopped | hit_stop, buffers=buffers)
 
     final = jax.lax.while_loop(cond, body, init)
-    return final.cache, final.kv_mask, final.buffers, final.n_generated, final.stopped, final.step
+    return final.cache, final.buffers, final.n_generated, final.stopped, final.step
 
 
 def _grow_layer(k_t, v, *, new_window):
@@ -290,6 +350,10 @@ class Sampler:
         """
         return jax.device_put(value, self.batch_sharding(value.shape))
 
+    def put_replicated(self, value: np.ndarray) -> jax.Array:
+        """Host data as a device array every device holds whole (`put_batch`'s reasons)."""
+        return jax.device_put(value, NamedSharding(self.mesh, PartitionSpec()))
+
     def _cache_sharding(self, shape):
         batch_axes, head_axis = kv_cache_axes(self.cfg.n_kv_heads, self.mesh.shape)
         spec = PartitionSpec(batch_axes, head_axis, None, None)
@@ -306,7 +370,7 @@ class Sampler:
         return [pair] * self.cfg.n_layers
 
     def new_cache(self, batch: int, window: int) -> tuple[list, jax.Array]:
-        """Empty per-layer cache (see `_cache_shapes`) and kv_mask [B, window]."""
+        """Empty per-layer cache (see `_cache_shapes`) and its row lengths [B] (zeros)."""
         key = ("new_cache", batch, window, ())
         if key not in self._jitted:  # a fresh jit per call would recompile every time
             k_shape, v_shape = self._cache_shapes(batch, window)
@@ -315,12 +379,11 @@ class Sampler:
                 lambda: [(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype))
                          for _ in range(self.cfg.n_layers)],
                 out_shardings=self._cache_shardings(batch, window))
-        kv_mask = self.put_batch(np.zeros((batch, window), bool))
-        return self._jitted[key](), kv_mask
+        return self._jitted[key](), self.put_batch(np.zeros((batch,), np.int32))
 
     def _program(self, name: str, batch: int, window: int, **static):
-        """The jitted 'extend', 'decode', 'grow_layer' or 'grow_mask' (to
-        `static['new_window']` slots) program."""
+        """The jitted 'extend', 'extend_rows' (static `rows`: how many), 'decode' or
+        'grow_layer' (to `static['new_window']` slots) program."""
         key = (name, batch, window, tuple(sorted(static.items())))
         if key in self._jitted:
             return self._jitted[key]
@@ -333,25 +396,23 @@ class Sampler:
                 partial(_grow_layer, **static), in_shardings=cache_sh[0],
                 out_shardings=self._cache_shardings(batch, static["new_window"])[0])
             return self._jitted[key]
-        if name == "grow_mask":
-            extra = static["new_window"] - window
-            self._jitted[key] = jax.jit(lambda m: jnp.pad(m, ((0, 0), (0, extra))),
-                                        in_shardings=mat, out_shardings=mat)
-            return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
-        head = (self._state_shardings, params, cache_sh, mat)
+        head = (self._state_shardings, params, cache_sh)
         if name == "extend":
             fn = partial(_extend, self.graphdef)
-            in_sh = (*head, mat, mat, mat, scalar)
-            out_sh = (cache_sh, mat)
+            in_sh = (*head, row, mat, mat, mat)
+            out_sh = cache_sh
+        elif name == "extend_rows":  # only used where the cache's batch is not split
+            fn = partial(_extend_rows, self.graphdef)
+            in_sh = (*head, scalar, scalar, scalar, scalar, scalar)
+            out_sh = cache_sh
         else:
             fn = partial(_decode, self.graphdef, max_top_k=self.max_top_k)
-            in_sh = (*head, row, row, scalar, row, scalar, scalar, scalar, scalar, scalar,
+            in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
-            out_sh = (cache_sh, mat, (mat, mat, mat), row, row, scalar)
+            out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
-                                    out_shardings=out_sh,
-                                    donate_argnums=(2, 3))
+                                    out_shardings=out_sh, donate_argnums=(2,))
         return self._jitted[key]
 
     def lower(self, name: str, batch: int, window: int, *, width: int = _MIN_BUCKET):
@@ -371,15 +432,14 @@ class Sampler:
                        for shape, sh in zip(self._cache_shapes(batch, window), shardings,
                                             strict=True))
                  for shardings in self._cache_shardings(batch, window)]
-        head = (self.state, self.fused_weights, cache, sds((batch, window), jnp.bool_))
+        row = lambda dtype: sds((batch,), dtype)  # noqa: E731
+        head = (self.state, self.fused_weights, cache, row(jnp.int32))
         if name == "extend":
             block = (batch, width)
-            args = (*head, sds(block, jnp.int32), sds(block, jnp.bool_), sds(block, jnp.int32),
-                    sds((), jnp.int32, scalar))
+            args = (*head, sds(block, jnp.int32), sds(block, jnp.bool_), sds(block, jnp.int32))
             return self._program("extend", batch, window).lower(*args)
-        row = lambda dtype: sds((batch,), dtype)  # noqa: E731
         scalar_of = lambda dtype: sds((), dtype, scalar)  # noqa: E731
-        args = (*head, row(jnp.int32), row(jnp.int32), scalar_of(jnp.int32), row(jnp.int32),
+        args = (*head, row(jnp.int32), row(jnp.int32), row(jnp.int32), scalar_of(jnp.int32),
                 scalar_of(jnp.int32), sds((_STOP_ID_SLOTS,), jnp.int32, scalar),
                 scalar_of(jnp.float32), scalar_of(jnp.int32), scalar_of(jnp.float32),
                 scalar_of(jnp.uint32), row(jnp.int32))
@@ -400,29 +460,56 @@ class Session:
         batch = session.training_arrays()                # tokens, loss_mask, old_logp, ...
 
     Per row the session keeps the full token sequence, a loss mask (1 on sampled tokens only)
-    and the log-probabilities of the sampled tokens, aligned with the tokens.
+    and the log-probabilities of the sampled tokens, aligned with the tokens. Each row holds up
+    to `capacity` tokens of its own (`free_slots`); a prompt longer than that is refused for its
+    row alone (`refused`: it decodes nothing, finish reason 'context_full').
     """
 
     def __init__(self, sampler: Sampler, prompts: Sequence[Sequence[int]], capacity: int):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        if int(capacity) < 1:
+            raise ValueError(f"capacity={capacity!r}: a session needs at least one slot per row")
         self.sampler = sampler
         self.num_rows = len(prompts)
         multiple = sampler.batch_multiple
         self.batch = -(-self.num_rows // multiple) * multiple
-        self.slots = -(-int(capacity) // _MIN_BUCKET) * _MIN_BUCKET
-        self.sequences = [list(map(int, p)) for p in prompts]
-        self.loss_masks = [[0] * len(p) for p in prompts]
-        self.logprobs = [[0.0] * len(p) for p in prompts]
-        self.sampling_logprobs = [[0.0] * len(p) for p in prompts]
-        self.write_index = 0
-        self.cache, self.kv_mask = None, None
-        self._extend([p[:-1] for p in self.sequences])
+        self.slots = int(capacity)
+        self.lengths = np.zeros((self.batch,), np.int32)  # tokens in each row's cache
+        self.refused = np.zeros((self.num_rows,), bool)
+        self.key_ids = np.arange(self.batch, dtype=np.int32)  # row id in the sampling keys
+        self.sequences: list[list[int]] = [[] for _ in range(self.num_rows)]
+        self.loss_masks: list[list[int]] = [[] for _ in range(self.num_rows)]
+        self.logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
+        self.sampling_logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
+        self.cache = None
+        self.restart({r: p for r, p in enumerate(prompts)})
+
+    def restart(self, prompts: dict[int, Sequence[int]]) -> None:
+        """Replace rows by new conversations {row: prompt} and prefill them (those rows only).
+
+        A prompt that does not leave room for one generated token (longer than the capacity)
+        marks its row `refused` instead of failing the batch.
+        """
+        blocks = {}
+        for r, prompt in prompts.items():
+            prompt = list(map(int, prompt))
+            if not prompt:
+                raise ValueError(f"row {r}: every prompt needs at least one token")
+            self.sequences[r] = prompt
+            self.loss_masks[r] = [0] * len(prompt)
+            self.logprobs[r] = [0.0] * len(prompt)
+            self.sampling_logprobs[r] = [0.0] * len(prompt)
+            self.lengths[r] = 0
+            self.refused[r] = len(prompt) > self.slots
+            if not self.refused[r]:
+                blocks[r] = prompt[:-1]
+        self._extend(blocks)
 
     @property
     def window(self) -> int:
-        """Slots the cache arrays currently hold (a bucket >= write_index; grows on demand)."""
-        return 0 if self.kv_mask is None else self.kv_mask.shape[1]
+        """Slots the cache arrays currently hold (a bucket; grows on demand)."""
+        return 0 if self.cache is None else self.cache[0][1].shape[2]
 
     def _ensure_window(self, needed: int) -> None:
         """Grow the cache arrays so that slots [0, needed) exist."""
@@ -430,77 +517,91 @@ class Session:
             return
         window = bucket(needed, _MIN_WINDOW)
         if self.cache is None:
-            self.cache, self.kv_mask = self.sampler.new_cache(self.batch, window)
-        else:  # layer by layer, each old layer freed before the next grows: the peak is the
-            # new cache plus one old layer, not both caches whole
-            grow = self.sampler._program("grow_layer", self.batch, self.window,
-                                         new_window=window)
-            for layer, (k_t, v) in enumerate(self.cache):
-                self.cache[layer] = None
-                self.cache[layer] = grow(k_t, v)
-                del k_t, v
-            grow_mask = self.sampler._program("grow_mask", self.batch, self.window,
-                                              new_window=window)
-            self.kv_mask = grow_mask(self.kv_mask)
+            self.cache, _ = self.sampler.new_cache(self.batch, window)
+            return
+        # layer by layer, each old layer freed before the next grows: the peak is the new
+        # cache plus one old layer, not both caches whole
+        grow = self.sampler._program("grow_layer", self.batch, self.window, new_window=window)
+        for layer, (k_t, v) in enumerate(self.cache):
+            self.cache[layer] = None
+            self.cache[layer] = grow(k_t, v)
+            del k_t, v
 
     @property
-    def free_slots(self) -> int:
-        return self.slots - self.write_index
+    def free_slots(self) -> np.ndarray:
+        """[num_rows] tokens each row's cache can still take (0 for a refused row)."""
+        free = self.slots - self.lengths[: self.num_rows]
+        return np.where(self.refused, 0, free)
 
-    def _check_fits(self, n_tokens: int) -> None:
-        if n_tokens > self.free_slots:
-            raise CacheFullError(
-                f"writing {n_tokens} tokens needs {n_tokens} cache slots but only "
-                f"{self.free_slots} of {self.slots} are left; start the session with a larger "
-                "capacity"
-            )
+    def _extend(self, blocks: dict[int, list[int]]) -> None:
+        """Write `blocks[r]` after row r's cached tokens, each row at its own position.
 
-    def _extend(self, blocks: list[list[int]]) -> None:
-        """Write each row's `blocks[r]` into the cache, left-aligned in one bucketed block.
-
-        Only the longest block's length is consumed: the padding after it is masked out and
-        overwritten by the next write, so bucketing never eats slots the caller sized for.
+        The rows with tokens are written in one bucketed block: all of the batch, or (where the
+        cache's batch is not split over devices) only those rows, padded to a bucketed count.
         """
-        longest = max((len(b) for b in blocks), default=0)
-        if longest == 0:
+        blocks = {r: b for r, b in blocks.items() if b}
+        if not blocks:
             return
-        self._check_fits(longest)
+        longest = max(len(b) for b in blocks.values())
         width = bucket(longest)
-        self._ensure_window(self.write_index + width)
-        tokens = np.zeros((self.batch, width), np.int32)
-        mask = np.zeros((self.batch, width), bool)
-        positions = np.zeros((self.batch, width), np.int32)
-        for r, block in enumerate(blocks):
+        self._ensure_window(int(self.lengths.max()) + width)
+        n_rows = bucket(len(blocks), 1)
+        subset = self.sampler.batch_multiple == 1 and n_rows < self.batch
+        rows = np.array(sorted(blocks), np.int32) if subset else np.arange(self.batch)
+        if subset:
+            rows = np.concatenate([rows, np.full((n_rows - len(rows),), self.batch, np.int32)])
+        tokens = np.zeros((len(rows), width), np.int32)
+        mask = np.zeros((len(rows), width), bool)
+        positions = np.zeros((len(rows), width), np.int32)
+        for i, r in enumerate(rows):
+            block = blocks.get(int(r))
             if block:
                 n = len(block)
-                tokens[r, :n] = block
-                mask[r, :n] = True
+                tokens[i, :n] = block
+                mask[i, :n] = True
                 # The block ends just before the row's pending (last) token.
-                positions[r, :n] = len(self.sequences[r]) - 1 - n + np.arange(n)
-        program = self.sampler._program("extend", self.batch, self.window)
-        self.cache, self.kv_mask = program(
-            self.sampler.state, self.sampler.fused_weights, self.cache, self.kv_mask,
-            *map(self.sampler.put_batch, (tokens, mask, positions)), np.int32(self.write_index))
-        self.write_index += longest
+                positions[i, :n] = len(self.sequences[r]) - 1 - n + np.arange(n)
+        lengths = np.append(self.lengths, 0)[rows]  # padding rows: empty
+        if subset:
+            program = self.sampler._program("extend_rows", self.batch, self.window,
+                                            rows=len(rows))
+            self.cache = program(self.sampler.state, self.sampler.fused_weights, self.cache,
+                                 *map(self.sampler.put_replicated,
+                                     (lengths, rows, tokens, mask, positions)))
+        else:
+            program = self.sampler._program("extend", self.batch, self.window)
+            self.cache = program(
+                self.sampler.state, self.sampler.fused_weights, self.cache,
+                *map(self.sampler.put_batch, (lengths, tokens, mask, positions)))
+        for r, block in blocks.items():
+            self.lengths[r] += len(block)
 
     def append(self, observations: Sequence[Sequence[int] | None]) -> None:
         """Append tokens (e.g. an environment observation) to rows; None or [] leaves a row as is.
 
         Appended tokens are context, not samples: loss mask 0, log-prob 0. Raises
-        CacheFullError when the longest observation does not fit in the free slots.
+        CacheFullError, naming the rows and changing nothing, when an observation does not fit
+        in its row's free slots.
         """
         if len(observations) != self.num_rows:
             raise ValueError(f"got {len(observations)} observations for {self.num_rows} rows")
-        longest = max((len(o) for o in observations if o), default=0)
-        self._check_fits(longest)
-        blocks = []
+        observations = [list(map(int, o or ())) for o in observations]
+        free = self.free_slots
+        too_long = [r for r, obs in enumerate(observations) if len(obs) > free[r]]
+        if too_long:
+            raise CacheFullError(
+                "observations of rows " + ", ".join(
+                    f"{r} ({len(observations[r])} tokens, {free[r]} of {self.slots} slots "
+                    "left)" for r in too_long)
+                + " do not fit; start the session with a larger capacity")
+        blocks = {}
         for r, obs in enumerate(observations):
-            obs = list(map(int, obs or ()))
-            blocks.append(self.sequences[r][-1:] + obs[:-1] if obs else [])
-            self.sequences[r] += obs
-            self.loss_masks[r] += [0] * len(obs)
-            self.logprobs[r] += [0.0] * len(obs)
-            self.sampling_logprobs[r] += [0.0] * len(obs)
+            if obs:
+                blocks[r] = self.sequences[r][-1:] + obs[:-1]
+                self.sequences[r] += obs
+                self.loss_masks[r] += [0] * len(obs)
+                self.logprobs[r] += [0.0] * len(obs)
+                self.sampling_logprobs[r] += [0.0] * len(obs)
         self._extend(blocks)
 
     def decode(
@@ -517,65 +618,96 @@ class Session:
         """Sample up to `max_new_tokens` (an int or one per row) for every active row.
 
         A row stops at its first stop token (kept, with loss mask 1: the model must learn to
-        end its turn), at its limit, or when the cache is full ('length'). Inactive rows get
-        None and are untouched. Sampling with a given seed is reproducible: each token's key
-        derives from (seed, row, position in the conversation). `seed` is in [0, 2**31)
-        (`spade_jax.seeding`); another value is a ValueError naming it.
+        end its turn), at its limit ('length'), or when its own cache is full
+        ('context_full'). Inactive rows get None and are untouched. Sampling with a given
+        seed is reproducible: each token's key derives from (seed, row, position in the
+        conversation). `seed` is in [0, 2**31) (`spade_jax.seeding`); another value is a
+        ValueError naming it.
         """
-        seed = check_seed(seed)
-        n = self.num_rows
-        limits = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (n,)).copy()
+        limits = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (self.num_rows,)).copy()
         if active is not None:
             limits[~np.asarray(active, bool)] = 0
+        turn = self.begin_turn(limits, temperature=temperature, top_k=top_k, top_p=top_p,
+                               stop_token_ids=stop_token_ids, seed=seed)
+        while turn.running.any():
+            self.decode_segment(turn)
+        return turn.outputs
+
+    def begin_turn(self, limits: np.ndarray, *, temperature: float = 0.0, top_k: int = 0,
+                   top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
+                   seed: int = 0) -> Turn:
+        """A turn of the rows with `limits[r]` > 0 tokens to sample, to run with
+        `decode_segment` (what `decode` does, and what lets an engine refill rows between
+        segments)."""
+        seed = check_seed(seed)
+        limits = np.asarray(limits, np.int32)
         if len(stop_token_ids) > _STOP_ID_SLOTS:
             raise ValueError(f"at most {_STOP_ID_SLOTS} stop token ids are supported")
         stop_ids = np.full((_STOP_ID_SLOTS,), -1, np.int32)
         stop_ids[: len(stop_token_ids)] = list(stop_token_ids)
-        outputs: list[TurnOutput | None] = [
-            TurnOutput([], [], [], FinishReason.LENGTH) if limit > 0 else None for limit in limits]
-        remaining, running = limits.copy(), limits > 0
-        while running.any() and self.write_index < self.slots:
-            want = min(int(remaining[running].max()), self.slots - self.write_index)
-            # Grow the window geometrically, only as far as this segment needs.
-            self._ensure_window(self.write_index + min(
-                want, max(_SEGMENT_MIN_STEPS, self.write_index // 2)))
-            steps, n_gen, stopped, buffers = self._decode_segment(
-                np.where(running, remaining, 0), stop_ids, temperature, top_k, top_p, seed)
-            self.write_index += steps
-            for r in np.flatnonzero(running):
-                k = int(n_gen[r])
-                tokens, logps, sampling_logps = (b[r, :k].tolist() for b in buffers)
-                out = outputs[r]
-                out.tokens += tokens
-                out.logprobs += logps
-                out.sampling_logprobs += sampling_logps
-                self.sequences[r] += tokens
-                self.loss_masks[r] += [1] * k
-                self.logprobs[r] += logps
-                self.sampling_logprobs[r] += sampling_logps
-                remaining[r] -= k
-                if stopped[r]:
-                    out.finish_reason = FinishReason.STOP
-                running[r] = not stopped[r] and remaining[r] > 0
-        return outputs
+        settings = (stop_ids, np.float32(temperature), np.int32(top_k), np.float32(top_p),
+                    np.uint32(seed))
+        turn = Turn([None] * self.num_rows, np.zeros((self.num_rows,), np.int32),
+                    np.zeros((self.num_rows,), bool), settings)
+        self.start_rows(turn, {int(r): int(limits[r]) for r in np.flatnonzero(limits > 0)})
+        return turn
 
-    def _decode_segment(self, limits, stop_ids, temperature, top_k, top_p, seed):
-        """One while-loop decode over the current window; returns (steps, n_gen, stopped,
-        (tokens, logps, sampling_logps)) as host arrays for the first `num_rows` rows."""
+    def start_rows(self, turn: Turn, limits: dict[int, int]) -> None:
+        """Start a new turn in `turn` for the rows {row: max_new_tokens} (others keep theirs).
+
+        A row with fewer free slots than its limit samples until its cache is full
+        ('context_full', unless it stops first); a full row ends at once with no token.
+        """
+        free = self.free_slots
+        for r, limit in limits.items():
+            reason = FinishReason.CONTEXT_FULL if free[r] < limit else FinishReason.LENGTH
+            turn.outputs[r] = TurnOutput([], [], [], reason)
+            turn.remaining[r] = min(limit, free[r])
+            turn.running[r] = turn.remaining[r] > 0
+
+    def decode_segment(self, turn: Turn, exit_after_finished: int | None = None) -> None:
+        """One while-loop decode over the current window for `turn`'s running rows, ending
+        early once `exit_after_finished` of them finished; updates `turn` and the rows."""
+        running = turn.running
+        if not running.any():
+            return
+        longest = int(self.lengths[: self.num_rows][running].max())
+        want = int(turn.remaining[running].max())
+        # Grow the window geometrically, only as far as this segment needs; its last slot
+        # stages each step's writes.
+        self._ensure_window(max(int(self.lengths.max()), longest + min(
+            want, max(_SEGMENT_MIN_STEPS, longest // 2))) + 1)
         n = self.num_rows
         padded = lambda values: self.sampler.put_batch(np.concatenate(  # noqa: E731
             [np.asarray(values, np.int32), np.zeros((self.batch - n,), np.int32)]))
         program = self.sampler._program("decode", self.batch, self.window)
-        self.cache, self.kv_mask, buffers, n_gen, stopped, steps = program(
-            self.sampler.state, self.sampler.fused_weights, self.cache, self.kv_mask,
+        exit_after = self.batch + 1 if exit_after_finished is None else exit_after_finished
+        self.cache, buffers, n_gen, stopped, _ = program(
+            self.sampler.state, self.sampler.fused_weights, self.cache,
+            self.sampler.put_batch(self.lengths),
             padded([seq[-1] for seq in self.sequences]),
             padded([len(seq) - 1 for seq in self.sequences]),
-            np.int32(self.write_index), padded(limits),
-            np.int32(min(self.slots, self.window) - self.write_index), stop_ids,
-            np.float32(temperature), np.int32(top_k), np.float32(top_p), np.uint32(seed),
-            self.sampler.put_batch(np.arange(self.batch, dtype=np.int32)))
-        return (int(steps), to_host(n_gen)[:n], to_host(stopped)[:n],
-                tuple(to_host(b)[:n] for b in buffers))
+            padded(np.where(running, turn.remaining, 0)),
+            np.int32(self.window - 1 - longest), np.int32(exit_after), *turn.settings,
+            self.sampler.put_batch(self.key_ids))
+        n_gen, stopped = to_host(n_gen)[:n], to_host(stopped)[:n]
+        buffers = tuple(to_host(b)[:n] for b in buffers)
+        for r in np.flatnonzero(running):
+            k = int(n_gen[r])
+            tokens, logps, sampling_logps = (b[r, :k].tolist() for b in buffers)
+            out = turn.outputs[r]
+            out.tokens += tokens
+            out.logprobs += logps
+            out.sampling_logprobs += sampling_logps
+            self.sequences[r] += tokens
+            self.loss_masks[r] += [1] * k
+            self.logprobs[r] += logps
+            self.sampling_logprobs[r] += sampling_logps
+            self.lengths[r] += k
+            turn.remaining[r] -= k
+            if stopped[r]:
+                out.finish_reason = FinishReason.STOP
+            running[r] = not stopped[r] and turn.remaining[r] > 0
 
     def training_arrays(self, rows: Sequence[int] | None = None,
                         length: int | None = None) -> dict[str, np.ndarray]:

@@ -195,8 +195,9 @@ def play_episodes(
     """Play every spec to the end (or `max_turns`) and return one Episode per spec.
 
     `sampler` is a `spade_jax.sampling.Sampler`; all episodes share one session (one KV cache
-    of `capacity` slots). An observation longer than about `max_observation_tokens` is cut; a row
-    whose next observation no longer fits in the cache ends with status 'context_full'. Every
+    in which each episode has `capacity` slots of its own). An observation longer than about
+    `max_observation_tokens` is cut; a row whose next observation no longer fits in its cache
+    ends with status 'context_full'. Every
     turn samples with `decoding` (its `max_new_tokens` per turn). Turn t
     samples with `derive_seed(seed, "turn", t)`, so `seed` may be any seed in [0, 2**31).
     `system_prompt=None` starts the conversation with the observation alone (benchmarks whose
@@ -256,8 +257,9 @@ def play_episodes(
                 text = result.observation[:4 * max_observation_tokens]
                 tool = isinstance(result.info, dict) and bool(result.info.get(TOOL_RESULTS))
                 observations[i] = chat.observation_turn(text, outputs[i].stopped, tool=tool)
+        free_slots = session.free_slots
         for i, ids in enumerate(observations):
-            if ids is not None and len(ids) + max_new_tokens > session.free_slots:
+            if ids is not None and len(ids) + max_new_tokens > free_slots[i]:
                 observations[i], status[i], done[i] = None, EpisodeStatus.CONTEXT_FULL, True
         if any(ids is not None for ids in observations):
             with phase("sampling"):

@@ -59,8 +59,8 @@ class ScriptedSession:
         self.logprobs = [[0.0] * len(p) for p in prompts]
 
     @property
-    def free_slots(self) -> int:
-        return self.capacity - max(len(s) for s in self.sequences)
+    def free_slots(self) -> list[int]:
+        return [self.capacity - len(s) for s in self.sequences]
 
     def append(self, observations) -> None:
         for r, obs in enumerate(observations):

@@ -170,9 +170,38 @@ def test_top_k_one_is_greedy_and_capacity_errors(sampler):
         == greedy
     session = sampler.start([[2, 3]], capacity=32)  # the prefill takes 1 slot
     turn = session.decode(100)[0]
-    assert turn.finish_reason == "length" and len(turn.tokens) == 31
-    with pytest.raises(CacheFullError):
+    assert turn.finish_reason == "context_full" and len(turn.tokens) == 31
+    with pytest.raises(CacheFullError, match="rows 0 "):
         session.append([[1, 2, 3]])
+
+
+def test_each_row_has_its_own_capacity(sampler):
+    """A long row next to a short one: the short row's room depends only on its own tokens
+    (with one shared write index it would end after the long row's 11 free slots)."""
+    long_prompt, short_prompt = [1 + i % 50 for i in range(30)], [4, 5]
+    session = sampler.start([long_prompt, short_prompt], capacity=40)
+    assert session.free_slots.tolist() == [40 - 29, 40 - 1]
+    long_turn, short_turn = session.decode(30)
+    assert long_turn.finish_reason == "context_full" and len(long_turn.tokens) == 11
+    assert short_turn.finish_reason == "length" and len(short_turn.tokens) == 30
+    alone = sampler.start([short_prompt], capacity=40).decode(30)[0]
+    assert short_turn.tokens == alone.tokens
+    # the full row cannot take an observation; the short one still can, and continues
+    with pytest.raises(CacheFullError, match="rows 0 "):
+        session.append([[7], [8]])
+    session.append([None, [8, 9]])
+    assert session.decode(20, active=[False, True])[1].finish_reason == "context_full"
+    assert len(session.sequences[1]) == 40 + 1
+
+
+def test_a_prompt_over_capacity_is_refused_for_its_row_only(sampler):
+    session = sampler.start([[1 + i % 50 for i in range(20)], [4, 5]], capacity=8)
+    assert session.refused.tolist() == [True, False]
+    refused, short = session.decode(6)
+    assert refused.tokens == [] and refused.finish_reason == "context_full"
+    assert short.tokens == sampler.start([[4, 5]], capacity=8).decode(6)[0].tokens
+    with pytest.raises(CacheFullError, match="rows 0 "):
+        session.append([[3], None])
 
 
 def test_sharded_mesh_matches_single_device(model, sampler):

@@ -1,0 +1,231 @@
+"""A mixed-length rollout on CPU: continuous batching vs the static session vs HF `generate`.
+
+    python bench/rollout.py [--conversations 64] [--slots 16] [--max-turns 3] [--new-tokens 256]
+
+SmolLM2-135M-Instruct (float32, 2 threads), greedy, natural EOS, at most --new-tokens per turn.
+Half the conversations are single-turn answers to chat questions, half are multi-turn plays of
+the (non-tool-use) seed games, each environment run in this process and stepped on the host
+between turns, with the Agent's system prompt and chat format of the SPADE rollout. The same
+workload runs three ways, each timed end to end (prefill, decode, appends, env steps):
+- engine: `spade_jax.sampling.Engine`, --slots rows, a freed slot refilled at once;
+- static: one `Session` for all conversations, turn by turn (what `play_episodes` does): each
+  turn decodes every playing row until the last one stops;
+- transformers: `generate` on the same token ids, turn by turn, each turn re-prefilling the
+  conversation so far (left-padded batch), stopping at EOS.
+Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds, including
+the compilations of shapes first met during the run (their count and seconds are printed: a
+warm-up cannot meet every shape the schedule produces). Outputs are
+compared token for token: greedy decoding is deterministic, but a float near-tie between two
+implementations may pick the other token, after which a play's conversation diverges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+
+QUESTIONS = [
+    "Explain in a few sentences why the sky looks blue during the day but red at sunset.",
+    "What is the capital of France? Answer in one sentence.",
+    "Give me three practical tips for keeping a small vegetable garden healthy in summer.",
+    "Describe how a bicycle gear system helps a rider climb steep hills more easily.",
+    "Write a haiku about autumn leaves.",
+    "What is 17 times 23? Give only the number.",
+    "List the planets of the solar system in order from the sun.",
+    "Summarise the plot of Romeo and Juliet in two sentences.",
+]
+
+
+def cpu_model() -> str:
+    for line in open("/proc/cpuinfo", encoding="utf-8"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def load_env(code: str, max_turns: int):
+    """An instance of the one *Env class `code` defines (as the sandbox worker loads it)."""
+    namespace: dict = {"__name__": "bench_env"}
+    exec(compile(code, "<seed_env>", "exec"), namespace)
+    [cls] = [v for k, v in namespace.items() if isinstance(v, type) and k.endswith("Env")
+             and v.__module__ == "bench_env"]
+    return cls(max_turns=max_turns)
+
+
+class Workload:
+    """The conversations: prompts, and for the plays an environment per conversation that turns
+    each answer into the next observation (ids of a closed assistant turn + a user turn)."""
+
+    def __init__(self, n: int, max_turns: int, chat, tokenizer):
+        from spade_jax.envs.seeds import list_seed_envs
+        from spade_jax.spade.prompts import GAME_AGENT_SYSTEM_PROMPT
+
+        self.chat, self.tokenizer, self.max_turns = chat, tokenizer, max_turns
+        games = list_seed_envs(tool_use=False)
+        self.prompts, self.games = [], []
+        for i in range(n):
+            if i % 2 == 0:
+                self.prompts.append(chat.prompt(
+                    [{"role": "user", "content": QUESTIONS[i // 2 % len(QUESTIONS)]}]))
+                self.games.append(None)
+            else:
+                game = games[i // 2 % len(games)]
+                self.games.append((game.code, i))
+                env = load_env(game.code, max_turns)
+                observation, _ = env.reset(seed=i)
+                self.prompts.append(chat.prompt(
+                    [{"role": "system", "content": GAME_AGENT_SYSTEM_PROMPT},
+                     {"role": "user", "content": str(observation)}]))
+
+    def new_envs(self) -> dict:
+        envs = {}
+        for i, game in enumerate(self.games):
+            if game is not None:
+                envs[i] = load_env(game[0], self.max_turns)
+                envs[i].reset(seed=game[1])
+        return envs
+
+    def next_observation(self, envs: dict, turns_done: dict, i: int, tokens: list[int],
+                         stopped: bool) -> list[int] | None:
+        """Step conversation i's environment with its answer; the observation ids, or None."""
+        if i not in envs:
+            return None
+        turns_done[i] = turns_done.get(i, 0) + 1
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        observation, _, terminated, truncated, _ = envs[i].step(text)
+        if terminated or truncated or turns_done[i] >= self.max_turns:
+            return None
+        return self.chat.observation_turn(str(observation)[:2048], stopped)
+
+
+def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: int):
+    from spade_jax.sampling import Engine, Request
+
+    envs, turns_done = work.new_envs(), {}
+    served = Engine(sampler, slots=slots, capacity=capacity).run(
+        [Request(p, new_tokens) for p in work.prompts],
+        on_turn=lambda i, t: work.next_observation(envs, turns_done, i, t.tokens, t.stopped),
+        stop_token_ids=[work.chat.eos_id])
+    return [[t.tokens for t in c.turns] for c in served]
+
+
+def run_static(sampler, work: Workload, new_tokens: int, capacity: int):
+    envs, turns_done = work.new_envs(), {}
+    n = len(work.prompts)
+    session = sampler.start(work.prompts, capacity=capacity)
+    answers: list[list[list[int]]] = [[] for _ in range(n)]
+    active = [True] * n
+    while any(active):
+        outputs = session.decode(new_tokens, stop_token_ids=[work.chat.eos_id], active=active)
+        observations = [None] * n
+        for i, out in enumerate(outputs):
+            if out is None:
+                continue
+            answers[i].append(out.tokens)
+            observations[i] = work.next_observation(envs, turns_done, i, out.tokens,
+                                                    out.stopped)
+            active[i] = observations[i] is not None
+        if any(active):
+            session.append(observations)
+    return answers
+
+
+def run_transformers(hf, work: Workload, new_tokens: int, eos: int, pad: int):
+    import torch
+
+    envs, turns_done = work.new_envs(), {}
+    n = len(work.prompts)
+    sequences = [list(p) for p in work.prompts]
+    answers: list[list[list[int]]] = [[] for _ in range(n)]
+    active = list(range(n))
+    while active:
+        width = max(len(sequences[i]) for i in active)
+        ids = torch.full((len(active), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(active), width), dtype=torch.long)
+        for row, i in enumerate(active):
+            ids[row, width - len(sequences[i]):] = torch.tensor(sequences[i])
+            mask[row, width - len(sequences[i]):] = 1
+        with torch.no_grad():
+            out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                              max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=pad)
+        still = []
+        for row, i in enumerate(active):
+            tokens = out[row, width:].tolist()
+            stopped = eos in tokens
+            tokens = tokens[: tokens.index(eos) + 1] if stopped else tokens
+            answers[i].append(tokens)
+            sequences[i] += tokens
+            observation = work.next_observation(envs, turns_done, i, tokens, stopped)
+            if observation is not None:
+                sequences[i] += observation
+                still.append(i)
+        active = still
+    return answers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=64)
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+
+    import jax
+
+    import spade_jax
+    from spade_jax.sampling import Sampler
+    from spade_jax.spade.rollout import ChatFormat
+
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
+          f"{os.getloadavg()[0]:.2f} (other work on the machine skews the figures)", flush=True)
+    policy = spade_jax.load_policy("smollm2-135m-instruct")
+    chat = ChatFormat(policy.tokenizer)
+    work = Workload(args.conversations, args.max_turns, chat, policy.tokenizer)
+    capacity = max(len(p) for p in work.prompts) + args.max_turns * (args.new_tokens + 512)
+    sampler = Sampler(policy.model)
+    # compile the programs the runs reach outside the timings (a short run of both paths)
+    warm = Workload(4, 2, chat, policy.tokenizer)
+    run_engine(sampler, warm, min(args.slots, 4), 16, capacity)
+    run_static(sampler, warm, 16, capacity)
+
+    results, seconds = {}, {}
+    runs = {"engine": lambda: run_engine(sampler, work, args.slots, args.new_tokens, capacity),
+            "static": lambda: run_static(sampler, work, args.new_tokens, capacity)}
+    if not args.skip_transformers:
+        import torch
+        import transformers
+        from sampler import gguf_path  # bench/sampler.py: this script's folder is on sys.path
+
+        torch.set_num_threads(2)
+        path = gguf_path()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        eos = chat.eos_id
+        runs["transformers"] = lambda: run_transformers(hf, work, args.new_tokens, eos, eos)
+    compiling = []  # seconds of every XLA compilation (new shapes met during a run)
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **_: compiling.append(secs)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    for name, run in runs.items():
+        compiling.clear()
+        start = time.perf_counter()
+        results[name] = run()
+        seconds[name] = time.perf_counter() - start
+        tokens = sum(len(t) for turns in results[name] for t in turns)
+        print(f"{name:>12}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
+              f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} XLA "
+              f"compilations took {sum(compiling):.1f} s (load average "
+              f"{os.getloadavg()[0]:.2f})", flush=True)
+    for name in results:
+        same = sum(a == b for a, b in zip(results[name], results["engine"], strict=True))
+        print(f"{name:>12}: {same}/{len(work.prompts)} conversations token-identical to the "
+              f"engine's; engine speed-up {seconds[name] / seconds['engine']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
