@@ -39,7 +39,6 @@ CATEGORIES = {
 }
 ALL_CATEGORIES = tuple(c for group in CATEGORIES.values() for c in group)
 GROUP_WEIGHTS = {"normal": 0.578, "special": 0.2676, "agent": 0.1545}  # generate_result_csv
-MAX_DIALOG_TURNS = 40  # generate.py --max-dialog-turns, as the reference runs it
 # Where the clone keeps the texts the environment needs (module-level string/dict literals).
 PROMPT_FILE = "model_inference/prompt_en.py"
 SAVED_ATTRIBUTES_FILE = "model_inference/apimodel_inference.py"  # SAVED_CLASS
@@ -108,13 +107,14 @@ def single_turn_prompt(item: dict, category: str, prompts: Mapping[str, str]) ->
     return system + "\n\n" + prompts["USER_PROMPT_EN"].format(question=item["question"])
 
 
-def category_tasks(data_dir: str | Path | None, category: str, samples: int = 1
-                   ) -> list[EvalTask]:
-    """`samples` tasks (seed = sample index) per item of one category (suite "acebench")."""
+def category_tasks(data_dir: str | Path | None, category: str, samples: int = 1,
+                   max_dialog_turns: int = 40) -> list[EvalTask]:
+    """`samples` tasks (seed = sample index) per item of one category (suite "acebench");
+    an Agent dialogue ends after `max_dialog_turns` messages (generate.py's default, 40)."""
     entries = load_category(data_dir, category)
     if category.startswith("agent"):
-        binder = _agent_binder(data_dir, category)
-        max_turns = MAX_DIALOG_TURNS
+        binder = _agent_binder(data_dir, category, max_dialog_turns)
+        max_turns = max_dialog_turns + 1  # environment steps: its messages and the opening
     else:
         prompts = module_literals(clone_file(data_dir, PROMPT_FILE), (
             "SYSTEM_PROMPT_FOR_NORMAL_DATA_EN", "SYSTEM_PROMPT_FOR_PREFERENCE_DATA_EN",
@@ -133,7 +133,7 @@ def category_tasks(data_dir: str | Path | None, category: str, samples: int = 1
     return tasks
 
 
-def _agent_binder(data_dir, category):
+def _agent_binder(data_dir, category, max_dialog_turns):
     """A function binding an Agent item: its prompts, scenario sources and saved attributes."""
     agent = module_literals(clone_file(data_dir, AGENT_FILES[category]), (
         "MULTI_TURN_AGENT_PROMPT_SYSTEM_EN", "MULTI_TURN_AGENT_PROMPT_USER_EN"))
@@ -163,17 +163,17 @@ def _agent_binder(data_dir, category):
                     involved_classes=classes, functions=str(item["function"]),
                     agent_system_prompt=system,
                     agent_user_prompt=agent["MULTI_TURN_AGENT_PROMPT_USER_EN"],
-                    user_prompt=user_prompt, max_dialog_turns=MAX_DIALOG_TURNS,
+                    user_prompt=user_prompt, max_dialog_turns=max_dialog_turns,
                     scenario_sources=sources, class_modules=class_modules,
                     saved_attributes={name: list(saved[name]) for name in classes})
     return binder
 
 
-def acebench_tasks(data_dir: str | Path | None, samples: int = 1,
+def acebench_tasks(data_dir: str | Path | None, samples: int = 1, max_dialog_turns: int = 40,
                    categories: Sequence[str] = ALL_CATEGORIES) -> list[EvalTask]:
     """Tasks of every item of `categories` (default: ACEBench's test_all)."""
     return [task for category in categories
-            for task in category_tasks(data_dir, category, samples)]
+            for task in category_tasks(data_dir, category, samples, max_dialog_turns)]
 
 
 def category_accuracy(category: str, records: Sequence[dict]) -> float:
