@@ -109,6 +109,8 @@ def test_normal_replies_are_scored_by_acebench_rules(tasks, item, reply, passed)
     ("special_incomplete_0", '["Missing necessary parameters (guests) for the api (book_table)"]',
      False),
     ("special_incomplete_0", "[book_table(guests=3)]", False),
+    ("special_incomplete_0", "<think>Missing necessary parameters (restaurant) for book_table?"
+                             "</think>[book_table(guests=3)]", False),  # only the answer counts
     ("special_error_param_0",
      '["There is incorrect value (three-ish) for the parameters (days) in the conversation '
      'history."]', True),
