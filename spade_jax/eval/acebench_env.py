@@ -15,7 +15,7 @@ it by ACEBench's rules (`model_eval/checker.py`, `eval_main.py`, `model_inferenc
   `max_dialog_turns` messages between the agent, the scenario's API instances ("execution")
   and, for multi-turn, a simulated user. The scenario classes are the clone's own source,
   passed in `scenario_sources` and executed here (so in the sandbox worker). A message for the
-  simulated user is not answered here: the step returns an empty observation with
+  simulated user is not answered here: the step returns `AWAITING_USER` with
   `info["user_request"]` (the user model's chat messages) and the next `step` action is the
   user's reply (`simulated_user.SimulatedUserRunner` plays it). At the end the saved attributes
   of the API instances must match the possible answer (`agent_state_verdict`).
@@ -37,6 +37,8 @@ BOUND_KWARGS: dict = {}
 USER_REQUEST = "user_request"  # info key: chat messages the simulated user must answer
 FINISH = "finish conversation"
 USER_OPENING = "Is there anything you need help with today?"
+# The observation of a step that asks the user (never shown to the agent: the runner answers).
+AWAITING_USER = "(the simulated user is to speak next)"
 # ACEBench's checker type names (model_eval/checker.py, PYTHON_TYPE_MAPPING); "enum" maps to a
 # type no value has, as there, so enum values are accepted whenever their type matches.
 TYPE_NAMES = {
@@ -465,7 +467,7 @@ class ACEBenchEnv:
                 instruction=self.kwargs["question"])},
             {"role": "user", "content": USER_OPENING}]
         self.awaiting_user = True
-        return "", {**info, USER_REQUEST: list(self.user_chat)}
+        return AWAITING_USER, {**info, USER_REQUEST: list(self.user_chat)}
 
     def step(self, action):
         """Score a single reply, or play one agent (or simulated user) message."""
@@ -547,7 +549,7 @@ class ACEBenchEnv:
             return label + str(results), 0.0, False, False, self._info()
         self.awaiting_user = True
         self.user_chat.append({"role": "user", "content": _without_role(message)})
-        return "", 0.0, False, False, self._info(**{USER_REQUEST: list(self.user_chat)})
+        return AWAITING_USER, 0.0, False, False, self._info(**{USER_REQUEST: list(self.user_chat)})
 
     def _execute(self, message, multi_step):
         """Run the message's calls on the scenario instances; ACEBench's parsed results."""

@@ -1,7 +1,7 @@
 """A simulated user played by a model, for benchmarks whose dialogues need one (ACEBench Agent).
 
 An environment asks for the user's next message by returning `info["user_request"]` (the user
-model's chat messages, `acebench_env.USER_REQUEST`) with an empty observation; its next `step`
+model's chat messages, `acebench_env.USER_REQUEST`) with a placeholder observation; its next `step`
 action is then the user's reply, not the agent's. `SimulatedUserRunner` wraps the rollout's
 env runner and answers every such request (all pending ones of a batch in one sampler call)
 until each environment has something for the agent or has ended, so `rollout.play_episodes`

@@ -222,19 +222,29 @@ def test_multi_turn_agent_fails_when_nothing_was_executed(tasks):
 
 def test_agent_items_play_inside_the_sandbox(tasks):
     from spade_jax import envs
+    from spade_jax.spade.envrunner import SandboxEnvRunner
+    from spade_jax.spade.rollout import EpisodeSpec
 
     try:
         pool = envs.EnvPool(envs.SandboxConfig(), warm=1)
     except envs.SandboxUnavailable as error:
         pytest.skip(f"no sandbox here: {error}")
-    task = tasks["agent_multi_step_0"]
+    step, turn = tasks["agent_multi_step_0"], tasks["agent_multi_turn_0"]
     try:
-        first = pool.start(task.code, 0, max_turns=task.max_turns)
+        first = pool.start(step.code, 0, max_turns=step.max_turns)
         assert first.ok, first.error
         for action in ("[turn_on_wifi()]", SEND):
             assert pool.step(first.handle, action).ok
         result = pool.step(first.handle, "finish conversation")
         assert (result.reward, result.terminated) == (1.0, True), result
+        user = ScriptedUser(["Please text Bob.", "Sure. finish conversation"])
+        runner = SimulatedUserRunner(SandboxEnvRunner(pool, turn.max_turns), user)
+        (start,) = runner.reset_many([EpisodeSpec("t", turn.code, 0, None, turn.max_turns)])
+        assert start.ok and start.observation.endswith("user:Please text Bob.\n"), start
+        for action in ("[turn_on_wifi()]", SEND):
+            assert runner.step_many([(start.handle, action)])[0].observation.startswith("exec")
+        (end,) = runner.step_many([(start.handle, "Sent. Anything else?")])
+        assert (end.reward, end.terminated) == (1.0, True), end
     finally:
         pool.shutdown()
 
