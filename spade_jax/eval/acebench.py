@@ -141,8 +141,7 @@ def _agent_binder(data_dir, category, max_dialog_turns):
                                     ("CLASS_FILE_PATH_MAPPING_EN",))["CLASS_FILE_PATH_MAPPING_EN"]
     saved = module_literals(clone_file(data_dir, SAVED_ATTRIBUTES_FILE),
                             ("SAVED_CLASS",))["SAVED_CLASS"]
-    sources = {module: clone_file(data_dir, module.replace(".", "/") + ".py").read_text(
-        encoding="utf-8") for module in class_modules.values()}
+    sources = scenario_sources(data_dir)
     multi_turn = category == "agent_multi_turn"
     domain = module_literals(clone_file(data_dir, PROMPT_FILE), tuple(DOMAIN_PROMPTS.values()))
     users = module_literals(clone_file(data_dir, USER_FILE), tuple(USER_PROMPTS.values()))
@@ -167,6 +166,20 @@ def _agent_binder(data_dir, category, max_dialog_turns):
                     scenario_sources=sources, class_modules=class_modules,
                     saved_attributes={name: list(saved[name]) for name in classes})
     return binder
+
+
+def scenario_sources(data_dir: str | Path | None) -> dict[str, str]:
+    """{dotted module name: source} of every module in the clone's scenario packages (those
+    holding the classes both Agent categories name: their modules import across them)."""
+    modules = [module for path in CLASS_MAP_FILES.values()
+               for module in module_literals(clone_file(data_dir, path), (
+                   "CLASS_FILE_PATH_MAPPING_EN",))["CLASS_FILE_PATH_MAPPING_EN"].values()]
+    for module in modules:
+        clone_file(data_dir, module.replace(".", "/") + ".py")
+    root = clone_file(data_dir, PROMPT_FILE).parents[1]
+    packages = {root.joinpath(*module.split(".")[:3]) for module in modules}
+    return {".".join(path.relative_to(root).with_suffix("").parts): path.read_text(
+        encoding="utf-8") for package in sorted(packages) for path in sorted(package.rglob("*.py"))}
 
 
 def acebench_tasks(data_dir: str | Path | None, samples: int = 1, max_dialog_turns: int = 40,

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("bfcl_eval")
 
 from spade_jax.eval import bfcl, tables  # noqa: E402
-from spade_jax.eval.report import episode_record  # noqa: E402
+from spade_jax.eval.report import episode_record, read_jsonl  # noqa: E402
 
 ACEBENCH_DATA = Path(__file__).resolve().parent / "fixtures" / "acebench"  # rq2 needs its data
 REFUSAL = "None of these functions fits the request, so I make no call."
@@ -141,3 +141,5 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
     ace = table["values"]["ACEBench"]
     assert (ace["episodes"], ace["items"]) == (17, 17)  # one item of each ACEBench category
     assert 0.0 <= ace["value"] <= 1.0
+    rows = read_jsonl(out / "acebench" / "items.jsonl")
+    assert not [r["task_id"] for r in rows if r["crashed"]]  # the Agent dialogues ran
