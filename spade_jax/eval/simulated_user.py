@@ -5,8 +5,9 @@ model's chat messages, `acebench_env.USER_REQUEST`) with a placeholder observati
 action is then the user's reply, not the agent's. `SimulatedUserRunner` wraps the rollout's
 env runner and answers every such request (all pending ones of a batch in one sampler call)
 until each environment has something for the agent or has ended, so `rollout.play_episodes`
-only ever sees agent turns. `ModelUser` plays the user with any sampler and chat format; the
-evaluation passes the policy's own (the issue's default), greedy with ACEBench's 1000 tokens.
+only ever sees agent turns. `ModelUser` plays the user with any sampler and chat format: the
+evaluation's default is the policy's own; `load_user` (launch/eval.py --user_model) loads
+another model for it. It answers greedily with up to ACEBench's 1000 tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ class ModelUser:
                                  seed=derive_seed(self.seed, "user", self.calls))
         return [self.chat.tokenizer.decode(output.tokens, skip_special_tokens=True)
                 for output in outputs]
+
+
+def load_user(run, mesh, source: str, seed: int = 0) -> ModelUser:
+    """A `ModelUser` played by the model `source` (a name, HF directory or .gguf, as
+    `config.model.source`) with the run's dtypes, on `mesh`."""
+    import jax.numpy as jnp
+
+    from spade_jax.sampling import Sampler
+    from spade_jax.spade.rollout import ChatFormat
+    from spade_jax.spade.runtime import load_model_and_tokenizer
+
+    user_run = dataclasses.replace(run, model=dataclasses.replace(run.model, source=source))
+    model, tokenizer = load_model_and_tokenizer(user_run, mesh)
+    sampler = Sampler(model, mesh=mesh, compute_dtype=jnp.dtype(run.model.compute_dtype))
+    return ModelUser(sampler, ChatFormat(tokenizer), seed=seed)
 
 
 class SimulatedUserRunner:

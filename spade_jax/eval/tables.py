@@ -245,10 +245,11 @@ def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
 
 
 def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[str, SuiteSettings],
-              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0) -> dict:
+              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0, user=None) -> dict:
     """Play each suite's tasks with its settings into `out_dir/<suite>` (resumable); the table.
 
-    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`).
+    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`);
+    `user` plays a simulated user where a suite has one (None: the policy).
     """
     from spade_jax.eval import runner
 
@@ -256,7 +257,7 @@ def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[s
         log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
                         decoding=settings[suite].decoding, sandbox=settings[suite].sandbox,
-                        with_hints=False, seed=seed)
+                        with_hints=False, seed=seed, user=user)
     return write_table(out_dir, table, settings)
 
 

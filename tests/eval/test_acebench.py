@@ -4,6 +4,7 @@ The fixture clone (tests/eval/fixtures/acebench/ACEBench) mimics the real one's 
 items and a phone scenario written for these tests.
 """
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from spade_jax.envs import StepResult
 from spade_jax.errors import MissingFileError
 from spade_jax.eval import acebench, acebench_env, tables
+from spade_jax.eval.acebench_env import USER_OPENING
 from spade_jax.eval.report import episode_record
 from spade_jax.eval.simulated_user import SimulatedUserRunner
 from spade_jax.spade.envrunner import EpisodeStart
@@ -300,3 +302,30 @@ def test_the_env_module_needs_nothing_beyond_the_standard_library():
                if line.startswith(("import ", "from "))]
     assert all(name.split(".")[0] in {"ast", "collections", "copy", "importlib", "inspect",
                                        "json", "re", "sys"} for name in imports), imports
+
+
+@pytest.mark.slow
+def test_a_loaded_user_model_answers_each_conversation():
+    """`load_user` (--user_model) on the tiny config's random model: one reply per
+    conversation in one sampler call (a minute on 2 CPUs: JIT compilation)."""
+    import importlib.util
+
+    import jax
+
+    from spade_jax.config import parse
+    from spade_jax.eval.simulated_user import USER_DECODING, load_user
+    from spade_jax.sharding import make_mesh
+
+    spec = importlib.util.spec_from_file_location(
+        "tiny", Path(__file__).resolve().parents[2] / "configs" / "tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = parse(module.get_config())
+    user = load_user(run, make_mesh(run.mesh.shape(jax.device_count())), "random")
+    user.decoding = dataclasses.replace(USER_DECODING, max_new_tokens=3)
+    conversations = [[{"role": "system", "content": "You are a user."},
+                      {"role": "user", "content": USER_OPENING}],
+                     [{"role": "user", "content": "Hi"}]]
+    replies = user.reply(conversations)
+    assert len(replies) == 2 and all(isinstance(r, str) for r in replies)
+    assert user.calls == 1
