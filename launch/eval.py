@@ -8,7 +8,7 @@
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq1 \
         --data_dir=data/ --out=runs/rq1/trained   # the paper's RQ1 table, reference settings
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq2 \
-        --out=runs/rq2/trained                    # RQ2: BFCL-v4 overall (tau2, ACEBench: not yet)
+        --data_dir=data/ --out=runs/rq2/trained   # RQ2: BFCL-v4, ACEBench (tau2: not yet)
 
 Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
 category and the suite mean; with and without hints where the environment defines one) under
@@ -65,6 +65,9 @@ _DATA_DIR = flags.DEFINE_string(
 _TABLE_SETTINGS = flags.DEFINE_string(
     "table_settings", "", "Overrides of suite settings: suite.field=value,... "
     "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns).")
+_USER_MODEL = flags.DEFINE_string(
+    "user_model", None, "Model playing the simulated user of ACEBench's Agent dialogues (a "
+    "name, HF dir or .gguf, as --model); default: the evaluated policy itself.")
 _UNSAFE = flags.DEFINE_bool(
     "allow_unsafe_sandbox", False,
     "Run benchmark code even if only rlimits (no bubblewrap/seccomp) are available.")
@@ -129,15 +132,20 @@ def main(argv):
             except (FileNotFoundError, CheckpointError) as err:
                 sys.exit(f"error: {err}")
             logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
+        user = None
+        if _USER_MODEL.value:
+            from spade_jax.eval.simulated_user import load_user
+
+            user = load_user(rt.run, rt.mesh, _USER_MODEL.value, seed=cfg.seed)
         if _TABLE.value:
             tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
-                             batch_size=_BATCH.value, seed=cfg.seed)
+                             batch_size=_BATCH.value, seed=cfg.seed, user=user)
         else:
             decoding = dataclasses.replace(
                 runner.greedy(_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens),
                 temperature=_TEMPERATURE.value)
             runner.evaluate(rt, tasks, _OUT.value, decoding=decoding, batch_size=_BATCH.value,
-                            with_hints=_HINTS.value, seed=cfg.seed)
+                            with_hints=_HINTS.value, seed=cfg.seed, user=user)
     finally:
         rt.close()
     if _TABLE.value:

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from spade_jax.envs.lint import parse_source
 from spade_jax.eval import report
 from spade_jax.eval.games import named_game_tasks
+from spade_jax.eval.simulated_user import ModelUser, SimulatedUserRunner
 from spade_jax.eval.suites import build_eval_tasks
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
@@ -50,8 +51,9 @@ SUITE_NAMES = {
     "games": "games",
 }
 TOOL_USE_SUITES = ("bfcl", "bfcl_v4")  # played with the tool-use agent prompt; the rest as games
-# Played with the benchmark's user message alone, as the reference's eval_offline suites do.
-NO_SYSTEM_PROMPT_SUITES = ("aime", "gpqa_diamond", "livecodebench", "rg_hard")
+# Played with the benchmark's user message alone, as the reference's eval_offline suites do
+# (ACEBench's own system prompt is in its first observation).
+NO_SYSTEM_PROMPT_SUITES = ("aime", "gpqa_diamond", "livecodebench", "rg_hard", "acebench")
 SEED_GAMES = "seeds"  # the games suite from our (non-tool-use) seed environments
 EVAL_STEP_TIMEOUT_S = 10.0  # above the benchmarks' own limits (HumanEval runs tests for 3 s)
 REPLY_CHARS = 2000  # characters kept per agent reply in items.jsonl
@@ -136,6 +138,7 @@ def evaluate(
     resume: bool = True,
     seed: int = 0,
     progress: bool = True,
+    user=None,
 ) -> dict:
     """Play every task (and its hinted variant), write results under `out_dir`; the summary.
 
@@ -144,7 +147,9 @@ def evaluate(
     (SandboxConfig fields) says otherwise. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
-    hosts of a run). Every agent turn samples with `decoding`.
+    hosts of a run). Every agent turn samples with `decoding`. An environment that asks for a
+    simulated user's message is answered by `user` (`simulated_user.ModelUser`; default: the
+    policy itself).
     """
     out = epath.Path(out_dir) if out_dir is not None else None
     if out is not None and not resume and out.exists():
@@ -161,11 +166,12 @@ def evaluate(
         log.info("%s: %d rows already scored, %d episodes to play", out, len(records),
                  len(pending))
     pool = _eval_pool(rt.run.sandbox, sandbox or {})
+    user = user or ModelUser(rt.sampler, rt.chat, seed=seed)
     bar = tqdm(total=len(episodes), initial=len(episodes) - len(pending), desc="eval",
                unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
-            played = _play(rt, pool, batch, decoding, seed=seed)
+            played = _play(rt, pool, batch, decoding, seed=seed, user=user)
             rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
                     for (task, hint), episode in zip(batch, played, strict=True)]
             if items is not None:
@@ -270,14 +276,15 @@ def _system_prompt(task: EvalTask) -> str | None:
     return game_type.agent_system_prompt
 
 
-def _play(rt, pool, batch, decoding: Decoding, *, seed: int) -> list[Episode]:
+def _play(rt, pool, batch, decoding: Decoding, *, seed: int, user) -> list[Episode]:
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
     capacity = conversation_capacity(turns, decoding.max_new_tokens,
                                      rt.run.sampling.max_context)
     return play_episodes(
-        specs, sampler=rt.sampler, envs=SandboxEnvRunner(pool, turns), chat=rt.chat,
+        specs, sampler=rt.sampler, envs=SimulatedUserRunner(SandboxEnvRunner(pool, turns), user),
+        chat=rt.chat,
         system_prompt=_system_prompt(batch[0][0]), max_turns=turns,
         decoding=decoding, seed=seed, capacity=capacity)
 

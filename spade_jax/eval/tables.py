@@ -10,7 +10,8 @@ Every suite's settings live in `SUITE_SETTINGS`, read from the reference's
 suite's episodes (all samples of all items) that scored full marks, over the episodes a
 column selects: this is the reference's mean over samples for AIME and GPQA (avg@n), pass@1
 for LiveCodeBench, and its episode-weighted win rate per bucket for reasoning-gym. BFCL-v4 is
-its own overall score over the categories' accuracies (`bfcl.v4_overall_accuracy`).
+its own overall score over the categories' accuracies (`bfcl.v4_overall_accuracy`); ACEBench's
+columns are its group and summary scores (`acebench.group_accuracy`, `overall_accuracy`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from spade_jax.eval import bfcl, report, rq1
+from spade_jax.eval import acebench, bfcl, report, rq1
 from spade_jax.spade.rollout import Decoding
 
 log = logging.getLogger(__name__)
@@ -75,12 +76,11 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
         unavailable="tau2-bench is not implemented yet: its retail / airline / telecom tools, "
                     "simulated user and database-state scoring (the tau2-bench repository, "
                     "not on PyPI) are not ported"),
-    # tool_use.yaml suites.acebench: test_all, temperature 0.7, top_p 1.0, 16384 tokens,
-    # 40 dialog turns (user model gpt-4o there).
+    # tool_use.yaml suites.acebench: test_all (English), temperature 0.7, top_p 1.0, 16384
+    # tokens, 40 dialog turns (max_turns: messages of an Agent dialogue). The user simulator is
+    # gpt-4o there; here the policy plays it (simulated_user.ModelUser).
     "acebench": SuiteSettings(samples=1, max_turns=40, decoding=Decoding(
-        temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=16384),
-        unavailable="ACEBench is not implemented yet: its Normal / Special / Agent checkers "
-                    "and the simulated user of its Agent part are not ported"),
+        temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=16384)),
 }
 AIME_YEARS = (2025, 2026)
 _SUITE_FIELDS = {"samples": "int", "max_turns": "int"}
@@ -143,10 +143,10 @@ TABLES: dict[str, Table] = {
                  *(Column(f"Tau2-{domain.capitalize()}", "tau2",
                           lambda record, d=domain: record["category"] == d)
                    for domain in ("retail", "airline", "telecom")),
-                 *(Column(f"ACEBench-{part[0].upper()}", "acebench",
-                          lambda record, p=part: record["category"] == p)
-                   for part in ("normal", "special", "agent")),
-                 Column("ACEBench", "acebench"))),
+                 *(Column(f"ACEBench-{group[0].upper()}", "acebench",
+                          score=lambda records, g=group: acebench.group_accuracy(records, g))
+                   for group in acebench.CATEGORIES),
+                 Column("ACEBench", "acebench", score=acebench.overall_accuracy))),
 }
 
 
@@ -204,6 +204,8 @@ def table_tasks(table: str, settings: Mapping[str, SuiteSettings], *,
             built = rq1.lcb_tasks(data_dir, s.samples)
         elif suite == "bfcl_v4":
             built = bfcl.v4_tasks(limit=limit)
+        elif suite == "acebench":
+            built = acebench.acebench_tasks(data_dir, s.samples, s.max_turns)
         else:
             built = rq1.rg_hard_tasks(s.samples, s.max_turns)
         tasks[suite] = _first_items(built, limit, by_bucket=suite == "rg_hard")
@@ -243,10 +245,11 @@ def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
 
 
 def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[str, SuiteSettings],
-              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0) -> dict:
+              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0, user=None) -> dict:
     """Play each suite's tasks with its settings into `out_dir/<suite>` (resumable); the table.
 
-    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`).
+    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`);
+    `user` plays a simulated user where a suite has one (None: the policy).
     """
     from spade_jax.eval import runner
 
@@ -254,7 +257,7 @@ def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[s
         log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
                         decoding=settings[suite].decoding, sandbox=settings[suite].sandbox,
-                        with_hints=False, seed=seed)
+                        with_hints=False, seed=seed, user=user)
     return write_table(out_dir, table, settings)
 
 

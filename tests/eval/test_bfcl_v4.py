@@ -1,14 +1,16 @@
 """BFCL v4 overall: every single-turn category scored by bfcl-eval's checker, the v4 roll-up."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("bfcl_eval")
 
 from spade_jax.eval import bfcl, tables  # noqa: E402
-from spade_jax.eval.report import episode_record  # noqa: E402
+from spade_jax.eval.report import episode_record, read_jsonl  # noqa: E402
 
+ACEBENCH_DATA = Path(__file__).resolve().parent / "fixtures" / "acebench"  # rq2 needs its data
 REFUSAL = "None of these functions fits the request, so I make no call."
 
 
@@ -80,8 +82,8 @@ def test_v4_overall_weighs_its_groups_as_bfcls_leaderboard():
 def test_rq2_table_runs_bfcl_v4_and_needs_every_category_for_its_value():
     settings = tables.table_settings("rq2")
     assert settings["bfcl_v4"].decoding.temperature == 0.0
-    assert tables.runnable_suites("rq2", settings) == ["bfcl_v4"]
-    tasks = tables.table_tasks("rq2", settings, data_dir=None, limit=17)["bfcl_v4"]
+    assert tables.runnable_suites("rq2", settings) == ["bfcl_v4", "acebench"]
+    tasks = tables.table_tasks("rq2", settings, data_dir=ACEBENCH_DATA, limit=17)["bfcl_v4"]
     categories = [c for g in bfcl.v4_categories().values() for c in g]
     assert sorted(t.category for t in tasks) == sorted(categories)  # one entry of each
     records = [episode_record(t, 1.0) for t in tasks]
@@ -113,19 +115,20 @@ def test_bfcl_single_turn_scores_inside_the_sandbox():
 
 @pytest.mark.slow
 def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
-    """launch/eval.py --table=rq2 on the tiny random model, one entry per BFCL category."""
+    """launch/eval.py --table=rq2 on the tiny random model, one entry per BFCL category and
+    one item per ACEBench category of the fixture clone (its user played by the same model)."""
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "rq2"
     result = subprocess.run(
         [sys.executable, str(root / "launch" / "eval.py"), "--config=configs/tiny.py",
-         "--table=rq2", "--limit=17", "--table_settings=bfcl_v4.max_new_tokens=4",
-         f"--out={out}"], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-        capture_output=True, text=True, timeout=900)
+         "--table=rq2", "--limit=17", f"--data_dir={ACEBENCH_DATA}",
+         "--table_settings=bfcl_v4.max_new_tokens=4,acebench.max_new_tokens=4,"
+         "acebench.max_turns=6", f"--out={out}"], cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(
         "| Method | BFCL-v4 | Tau2-Retail | Tau2-Airline | Tau2-Telecom | ACEBench-N | "
@@ -135,3 +138,8 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
     bfcl_v4 = table["values"]["BFCL-v4"]
     assert (bfcl_v4["episodes"], bfcl_v4["items"]) == (17, 17)
     assert 0.0 <= bfcl_v4["value"] <= 0.6  # every category played; agentic counts 0
+    ace = table["values"]["ACEBench"]
+    assert (ace["episodes"], ace["items"]) == (17, 17)  # one item of each ACEBench category
+    assert 0.0 <= ace["value"] <= 1.0
+    rows = read_jsonl(out / "acebench" / "items.jsonl")
+    assert not [r["task_id"] for r in rows if r["crashed"]]  # the Agent dialogues ran

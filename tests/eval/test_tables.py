@@ -177,7 +177,8 @@ def test_settings_are_the_reference_values_and_overridable():
     with pytest.raises(ValueError, match="unknown table 'rq3'"):
         tables.table_settings("rq3")
     rq2 = tables.table_settings("rq2")
-    rq2["bfcl_v4"] = dataclasses.replace(rq2["bfcl_v4"], unavailable="switched off")
+    for suite in ("bfcl_v4", "acebench"):
+        rq2[suite] = dataclasses.replace(rq2[suite], unavailable="switched off")
     with pytest.raises(ValueError, match="table rq2 cannot run yet: switched off; tau2-bench"):
         tables.table_tasks("rq2", rq2, data_dir=None)
 

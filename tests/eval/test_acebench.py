@@ -1,0 +1,331 @@
+"""ACEBench: loading a clone, Normal / Special scoring, Agent dialogues, roll-up, rq2 wiring.
+
+The fixture clone (tests/eval/fixtures/acebench/ACEBench) mimics the real one's layout with
+items and a phone scenario written for these tests.
+"""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from spade_jax.envs import StepResult
+from spade_jax.errors import MissingFileError
+from spade_jax.eval import acebench, acebench_env, tables
+from spade_jax.eval.acebench_env import USER_OPENING
+from spade_jax.eval.report import episode_record
+from spade_jax.eval.simulated_user import SimulatedUserRunner
+from spade_jax.spade.envrunner import EpisodeStart
+
+DATA = Path(__file__).resolve().parent / "fixtures" / "acebench"
+SEND = "[send_message(sender_name='Eve', receiver_name='Bob', message='Lunch at noon?')]"
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {t.task_id: t for t in acebench.acebench_tasks(DATA)}
+
+
+def play(task, replies):
+    """(reward, terminated, info) after the replies, in this process."""
+    env = task.make_local()
+    env.reset(seed=0)
+    for reply in replies:
+        _, reward, terminated, _, info = env.step(reply)
+        if terminated:
+            return reward, terminated, info
+    return reward, terminated, info
+
+
+def test_every_category_loads_with_acebench_prompts(tasks):
+    assert {t.category for t in tasks.values()} == set(acebench.ALL_CATEGORIES)
+    assert len(tasks) == 20
+    prompt = tasks["normal_single_turn_single_function_0"].make_local().reset(seed=0)[0]
+    assert prompt.startswith("NORMAL.") and "The current time is 2024-06-01" in prompt
+    assert "'name': 'get_weather'" in prompt  # the function list as ACEBench formats it
+    assert prompt.endswith("History:\nuser: Weather in Paris for 3 days?")
+    preference = tasks["normal_preference_0"].make_local().reset(seed=0)[0]
+    assert preference.startswith("PREFERENCE. Profile:\nFavourite restaurant: Roma.")
+    assert tasks["special_incomplete_0"].make_local().reset(seed=0)[0].startswith("SPECIAL.")
+    assert tasks["agent_multi_turn_0"].max_turns == 41  # 40 messages and the user's opening
+
+
+def test_missing_clone_or_file_names_the_file_expected(tmp_path):
+    with pytest.raises(MissingFileError, match="ACEBench/data_all/data_en/data_normal_single_"
+                                               "turn_single_function.json from --data_dir"):
+        acebench.acebench_tasks(None)
+    with pytest.raises(MissingFileError, match=re.escape(str(tmp_path / "ACEBench" / "data_all"))):
+        acebench.acebench_tasks(tmp_path)
+    data = tmp_path / "ACEBench" / "data_all" / "data_en"
+    data.mkdir(parents=True)
+    (data / "data_special_irrelevant.json").write_text("")
+    with pytest.raises(MissingFileError, match="possible_answer/data_special_irrelevant.json"):
+        acebench.category_tasks(tmp_path, "special_irrelevant")
+    with pytest.raises(ValueError, match="unknown ACEBench category 'normal'"):
+        acebench.category_tasks(tmp_path, "normal")
+
+
+@pytest.mark.parametrize("item, reply, passed", [
+    ("normal_single_turn_single_function_0", "[get_weather(city='Paris', days=3)]", True),
+    ("normal_single_turn_single_function_0", "[get_weather(days=3, city='paris')]", True),
+    ("normal_single_turn_single_function_0",
+     "<think>Paris, 3 days</think>\n[get_weather(city='Paris', days=3)]", True),
+    ("normal_single_turn_single_function_0", "[get_weather(city='Berlin', days=3)]", False),
+    # ACEBench compares strings (contained, normalised), lists and dicts, never numbers:
+    ("normal_single_turn_single_function_0", "[get_weather(city='Paris', days=4)]", True),
+    ("normal_single_turn_single_function_0", "[get_weather(city='Paris, FR', days=3)]", True),
+    ("normal_single_turn_single_function_0", "[get_weather(city='Paris', days='3')]", False),
+    ("normal_single_turn_single_function_0", "[get_weather(days=3)]", False),  # required
+    ("normal_single_turn_single_function_0",
+     "[get_weather(city='Paris', days=3, unit='C')]", False),  # extra parameter
+    ("normal_single_turn_single_function_0", "get_weather(city='Paris', days=3)", False),
+    ("normal_single_turn_single_function_0", "The weather in Paris.", False),
+    ("normal_single_turn_single_function_1",
+     "[book_table(restaurant='chez-nous', guests=2, vegan='true')]", True),
+    ("normal_single_turn_single_function_1", "[get_weather(city='Chez Nous')]", False),
+    ("normal_single_turn_parallel_function_0",
+     "[get_weather(city='Rome'), get_weather(city='Oslo')]", True),
+    ("normal_single_turn_parallel_function_0", "[get_weather(city='Rome')]", False),
+    ("normal_single_turn_parallel_function_0",
+     "[get_weather(city='Rome'), get_weather(city='Oslo'), get_weather(city='Oslo')]", False),
+    ("normal_atom_list_0", "[tag_photos(tags=['Beach', 'sunset'], rating=4.5)]", True),
+    ("normal_atom_list_0", "[tag_photos(tags=['sunset', 'beach'], rating=4.5)]", False),
+    ("normal_atom_object_deep_0",
+     "[plan_trip(route={'start': 'Turin', 'stops': ['Genoa', 'Pisa']})]", True),
+    ("normal_atom_object_deep_0",
+     "[plan_trip(route={'start': 'Turin', 'stops': ['Genoa']})]", False),
+    ("normal_atom_object_deep_0", "[plan_trip(route={'start': 'Turin'})]", False),
+    ("normal_atom_enum_0",
+     "[plan_trip(route={'start': 'Turin', 'stops': []}, mode='train')]", True),
+])
+def test_normal_replies_are_scored_by_acebench_rules(tasks, item, reply, passed):
+    reward, terminated, info = play(tasks[item], [reply])
+    assert terminated and reward == (1.0 if passed else 0.0), info
+
+
+@pytest.mark.parametrize("item, reply, passed", [
+    ("special_incomplete_0",
+     '["Missing necessary parameters (restaurant) for the api (book_table)"]', True),
+    ("special_incomplete_0", '["Missing necessary parameters (guests) for the api (book_table)"]',
+     False),
+    ("special_incomplete_0", "[book_table(guests=3)]", False),
+    ("special_incomplete_0", "<think>Missing necessary parameters (restaurant) for book_table?"
+                             "</think>[book_table(guests=3)]", False),  # only the answer counts
+    ("special_error_param_0",
+     '["There is incorrect value (three-ish) for the parameters (days) in the conversation '
+     'history."]', True),
+    ("special_error_param_0", '["There is incorrect value for the parameters (days)."]', False),
+    ("special_irrelevant_0",
+     '["Due to the limitations of the function, I cannot solve this problem."]', True),
+    ("special_irrelevant_0", "[get_weather(city='Paris')]", False),
+])
+def test_special_replies_must_name_the_problem_as_acebench_asks(tasks, item, reply, passed):
+    reward, _, info = play(tasks[item], [reply])
+    assert reward == (1.0 if passed else 0.0), info
+
+
+def test_multi_step_agent_is_scored_on_the_scenario_end_state(tasks):
+    task = tasks["agent_multi_step_0"]
+    env = task.make_local()
+    assert "MULTI-STEP AGENT" in env.reset(seed=0)[0]
+    observation = env.step(SEND)[0]
+    assert observation == "execution result:[{'status': False, 'message': 'Wi-Fi is off'}]"
+    assert env.step("[turn_on_wifi()]")[0].endswith("'Wi-Fi is on'}]")
+    assert env.step(SEND)[:3] == ("execution result:[{'status': True, 'message': 'sent'}]",
+                                  0.0, False)
+    assert env.step("finish conversation")[1:3] == (1.0, True)
+    wrong = SEND.replace("noon", "one")
+    assert play(task, ["[turn_on_wifi()]", wrong, "finish conversation"])[0] == 0.0
+    assert play(task, [SEND, "finish conversation"])[0] == 0.0  # no Wi-Fi: never sent
+    asked = task.make_local()
+    asked.reset(seed=0)
+    assert asked.step("Who is the sender?")[0].startswith("execution result:Please do not ask")
+    unknown = task.make_local()
+    unknown.reset(seed=0)
+    assert "name 'fly' is not defined" in unknown.step("[fly(to='Mars')]")[0]
+
+
+def test_an_agent_dialogue_ends_after_max_dialog_turns_messages(tasks):
+    task = tasks["agent_multi_step_0"]
+    env = task.make_local(max_dialog_turns=4)
+    env.reset(seed=0)
+    assert env.step("[turn_on_wifi()]")[2] is False  # messages 1-2: call and result
+    *_, terminated, _, info = env.step(SEND)  # messages 3-4: the dialogue is over
+    assert terminated and info["messages"] == 4 and info["valid"]
+
+
+class ScriptedUser:
+    """The simulated user: fixed lines, recording the conversations it was shown."""
+
+    def __init__(self, lines):
+        self.lines, self.seen = list(lines), []
+
+    def reply(self, conversations):
+        self.seen += [json.loads(json.dumps(c)) for c in conversations]
+        return [self.lines.pop(0) for _ in conversations]
+
+
+class LocalRunner:
+    """An env runner over in-process environments (trusted scripts only)."""
+
+    def __init__(self, tasks):
+        self.envs = {i: task.make_local() for i, task in enumerate(tasks)}
+
+    def reset_many(self, specs):
+        starts = []
+        for handle, _ in enumerate(specs):
+            observation, info = self.envs[handle].reset(seed=0)
+            starts.append(EpisodeStart(handle, True, "ok", observation, None, info=info))
+        return starts
+
+    def step_many(self, pairs):
+        return [StepResult(h, "ok", *self.envs[h].step(a)) for h, a in pairs]
+
+    def close_many(self, handles):
+        pass
+
+
+def test_multi_turn_agent_talks_to_the_simulated_user_through_the_runner(tasks):
+    user = ScriptedUser(["Hi, I want to text Bob.", "I am Eve; say 'Lunch at noon?'.",
+                         "Thanks. finish conversation"])
+    runner = SimulatedUserRunner(LocalRunner([tasks["agent_multi_turn_0"]]), user)
+    (start,) = runner.reset_many([None])
+    assert start.observation.startswith("MULTI-TURN AGENT.")
+    assert "PHONE POLICY" in start.observation  # the BaseApi domain's policy
+    assert start.observation.endswith("History:\nuser:Hi, I want to text Bob.\n")
+    assert user.seen[0] == [
+        {"role": "system", "content": "You are a phone user. Instruction: You are Eve. You want "
+                                      "to send Bob the message 'Lunch at noon?'."},
+        {"role": "user", "content": "Is there anything you need help with today?"}]
+    (reply,) = runner.step_many([(0, "Who sends it, and what should it say?")])
+    assert reply.observation == "user:I am Eve; say 'Lunch at noon?'."
+    assert user.seen[1][-2:] == [
+        {"role": "assistant", "content": "Hi, I want to text Bob."},
+        {"role": "user", "content": "Who sends it, and what should it say?"}]
+    assert runner.step_many([(0, "[turn_on_wifi()]")])[0].observation.startswith("execution:")
+    assert runner.step_many([(0, SEND)])[0].observation.endswith("'sent'}]")
+    (end,) = runner.step_many([(0, "Your message is sent. Anything else?")])
+    assert (end.reward, end.terminated, end.info["valid"]) == (1.0, True, True)
+    assert not user.lines
+
+
+def test_multi_turn_agent_fails_when_nothing_was_executed(tasks):
+    user = ScriptedUser(["Text Bob for me.", "finish conversation", "finish conversation"])
+    runner = SimulatedUserRunner(LocalRunner([tasks["agent_multi_turn_0"]]), user)
+    runner.reset_many([None])
+    (early,) = runner.step_many([(0, "Sure, what should it say?")])
+    assert early.observation == "user:finish conversation"  # ACEBench ends from message 3 on
+    (end,) = runner.step_many([(0, "Okay.")])
+    assert (end.reward, end.terminated, end.info["error_type"]) == (
+        0.0, True, "wrong number of class")
+
+
+def test_agent_items_play_inside_the_sandbox(tasks):
+    from spade_jax import envs
+    from spade_jax.spade.envrunner import SandboxEnvRunner
+    from spade_jax.spade.rollout import EpisodeSpec
+
+    try:
+        pool = envs.EnvPool(envs.SandboxConfig(), warm=1)
+    except envs.SandboxUnavailable as error:
+        pytest.skip(f"no sandbox here: {error}")
+    step, turn = tasks["agent_multi_step_0"], tasks["agent_multi_turn_0"]
+    try:
+        first = pool.start(step.code, 0, max_turns=step.max_turns)
+        assert first.ok, first.error
+        for action in ("[turn_on_wifi()]", SEND):
+            assert pool.step(first.handle, action).ok
+        result = pool.step(first.handle, "finish conversation")
+        assert (result.reward, result.terminated) == (1.0, True), result
+        user = ScriptedUser(["Please text Bob.", "Sure. finish conversation"])
+        runner = SimulatedUserRunner(SandboxEnvRunner(pool, turn.max_turns), user)
+        (start,) = runner.reset_many([EpisodeSpec("t", turn.code, 0, None, turn.max_turns)])
+        assert start.ok and start.observation.endswith("user:Please text Bob.\n"), start
+        for action in ("[turn_on_wifi()]", SEND):
+            assert runner.step_many([(start.handle, action)])[0].observation.startswith("exec")
+        (end,) = runner.step_many([(start.handle, "Sent. Anything else?")])
+        assert (end.reward, end.terminated) == (1.0, True), end
+    finally:
+        pool.shutdown()
+
+
+def records(passed):
+    """One record per fixture item, returning 1 where `passed(task_id)`."""
+    return [episode_record(t, 1.0 if passed(t.task_id) else 0.0)
+            for t in acebench.acebench_tasks(DATA)]
+
+
+def test_multi_turn_normal_categories_score_whole_conversations():
+    rows = records(lambda task_id: task_id != "normal_multi_turn_user_adjust_0_1")
+    adjust = [r for r in rows if r["category"] == "normal_multi_turn_user_adjust"]
+    assert len(adjust) == 3  # two turns of conversation 0, one of conversation 1
+    assert acebench.category_accuracy("normal_multi_turn_user_adjust", adjust) == 0.5
+    assert acebench.group_accuracy(rows, "normal") == pytest.approx(1 - 0.5 / 12)
+    assert acebench.category_accuracy("special_incomplete",
+                                      [r for r in rows if r["category"] == "special_incomplete"])
+
+
+def test_rq2_acebench_columns_roll_up_as_acebench_does():
+    settings = tables.table_settings("rq2")
+    assert not settings["acebench"].unavailable
+    assert (settings["acebench"].decoding.temperature, settings["acebench"].max_turns) == (0.7, 40)
+    tasks = tables.table_tasks("rq2", settings, data_dir=DATA)["acebench"]
+    assert len(tasks) == 20
+    failed = ("special_irrelevant", "agent_multi_turn")
+    rows = [dict(r, suite="acebench") for r in records(lambda i: not i.startswith(failed))]
+    values = tables.table_values("rq2", rows)
+    special, agent = 2 / 3, 1 / 2
+    assert values["ACEBench-N"]["value"] == 1.0
+    assert values["ACEBench-S"]["value"] == pytest.approx(special)
+    assert values["ACEBench-A"]["value"] == pytest.approx(agent)
+    assert values["ACEBench"]["value"] == pytest.approx(0.578 + 0.2676 * special + 0.1545 * agent)
+    partial = tables.table_values("rq2", [r for r in rows if r["category"] != "agent_multi_step"])
+    assert partial["ACEBench-A"]["value"] is None and partial["ACEBench"]["value"] is None
+    assert partial["ACEBench-N"]["value"] == 1.0
+
+
+def test_every_fixture_answer_scores_full_marks(tasks):
+    """The possible answers, written as calls, pass (the check run on the real data)."""
+    for category in acebench.CATEGORIES["normal"]:
+        for item, truth in acebench.load_category(DATA, category):
+            calls = [re.sub(r"_[0-9]+$", "", name) + "("
+                     + ", ".join(f"{k}={v!r}" for k, v in p.items()) + ")"
+                     for name, p in truth.items()]
+            assert play(tasks[item["id"]], ["[" + ", ".join(calls) + "]"])[0] == 1.0, item["id"]
+
+
+def test_the_env_module_needs_nothing_beyond_the_standard_library():
+    source = Path(acebench_env.__file__).read_text()
+    imports = [line.split()[1] for line in source.splitlines()
+               if line.startswith(("import ", "from "))]
+    assert all(name.split(".")[0] in {"ast", "collections", "copy", "importlib", "inspect",
+                                       "json", "re", "sys"} for name in imports), imports
+
+
+@pytest.mark.slow
+def test_a_loaded_user_model_answers_each_conversation():
+    """`load_user` (--user_model) on the tiny config's random model: one reply per
+    conversation in one sampler call (a minute on 2 CPUs: JIT compilation)."""
+    import importlib.util
+
+    import jax
+
+    from spade_jax.config import parse
+    from spade_jax.eval.simulated_user import USER_DECODING, load_user
+    from spade_jax.sharding import make_mesh
+
+    spec = importlib.util.spec_from_file_location(
+        "tiny", Path(__file__).resolve().parents[2] / "configs" / "tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = parse(module.get_config())
+    user = load_user(run, make_mesh(run.mesh.shape(jax.device_count())), "random")
+    user.decoding = dataclasses.replace(USER_DECODING, max_new_tokens=3)
+    conversations = [[{"role": "system", "content": "You are a user."},
+                      {"role": "user", "content": USER_OPENING}],
+                     [{"role": "user", "content": "Hi"}]]
+    replies = user.reply(conversations)
+    assert len(replies) == 2 and all(isinstance(r, str) for r in replies)
+    assert user.calls == 1
