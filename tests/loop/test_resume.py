@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.compile_cache import train_cache_flags
 from tests.loop.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # 97 s on 2 shared cores: runs in CI
@@ -24,7 +25,7 @@ ARGS = ["--config.total_cycles=3", "--config.spade.regen_interval=1"]
 def train(workdir, *extra):
     return subprocess.Popen(
         [sys.executable, str(ROOT / "launch" / "train.py"), f"--config={ROOT}/configs/tiny.py",
-         f"--workdir={workdir}", *ARGS, *extra],
+         f"--workdir={workdir}", *ARGS, *train_cache_flags(), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "XLA_FLAGS": ""})
 
