@@ -180,13 +180,18 @@ def train_batch(rows: int, seq_len: int) -> dict:
     return {k: jax.ShapeDtypeStruct(shape, d) for k, d in dtypes.items()}
 
 
+PROGRAMS = ("train_step", "sampler.extend", "sampler.decode")  # what `check` compiles
+
+
 def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
           micro_batches: int = 2, rollout_batch: int | None = None, context: int | None = None,
-          compile_programs: bool = True) -> tuple[list[ProgramReport], dict]:
+          compile_programs: bool = True,
+          programs: tuple[str, ...] | None = None) -> tuple[list[ProgramReport], dict]:
     """Lower (and compile) the train step and the sampler programs of `run_cfg`.
 
-    `layers` replaces the decoder depth (None: the config's). Returns the program reports and
-    a summary dict (mesh, parameter counts, shapes used).
+    `layers` replaces the decoder depth (None: the config's); `programs` keeps only those
+    programs (None: all three). Returns the program reports and a summary dict (mesh,
+    parameter counts, shapes used).
     """
     import jax
 
@@ -194,6 +199,9 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     from spade_jax.sampling.sampler import Sampler
     from spade_jax.sharding import make_mesh
 
+    unknown = sorted(set(programs or ()) - set(PROGRAMS))
+    if unknown:
+        raise ValueError(f"unknown programs {unknown}: choose from {list(PROGRAMS)}")
     if jax.device_count() < n_devices:
         raise RuntimeError(
             f"{n_devices} devices needed but {jax.device_count()} are visible; on CPU set "
@@ -232,6 +240,8 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
         "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=512),
         "sampler.decode": lambda: sampler.lower("decode", rollout_batch, context),
     }
+    if programs is not None:
+        lowerers = {name: lowerers[name] for name in programs}
     reports = []
     for name, lower in lowerers.items():
         lowered, lower_s = _timed(lower)

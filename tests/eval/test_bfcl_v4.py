@@ -9,6 +9,7 @@ pytest.importorskip("bfcl_eval")
 
 from spade_jax.eval import bfcl, tables  # noqa: E402
 from spade_jax.eval.report import episode_record, read_jsonl  # noqa: E402
+from tests.compile_cache import compile_cache_env  # noqa: E402
 
 ACEBENCH_DATA = Path(__file__).resolve().parent / "fixtures" / "acebench"  # rq2 needs its data
 REFUSAL = "None of these functions fits the request, so I make no call."
@@ -128,7 +129,8 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
          "--table=rq2", "--limit=17", f"--data_dir={ACEBENCH_DATA}",
          "--table_settings=bfcl_v4.max_new_tokens=4,acebench.max_new_tokens=4,"
          "acebench.max_turns=6", f"--out={out}"], cwd=root,
-        env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, timeout=900)
+        env=dict(os.environ, PYTHONPATH=str(root), **compile_cache_env()), capture_output=True,
+        text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(
         "| Method | BFCL-v4 | Tau2-Retail | Tau2-Airline | Tau2-Telecom | ACEBench-N | "

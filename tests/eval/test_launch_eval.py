@@ -9,12 +9,13 @@ import pytest
 
 from spade_jax.eval import report
 from spade_jax.eval.tasks import EvalTask
+from tests.compile_cache import compile_cache_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _eval(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **compile_cache_env())
     return subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
 

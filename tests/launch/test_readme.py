@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_cache import compile_cache_env, train_cache_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CI_SCRIPT = ROOT / ".ci" / "run"
@@ -107,8 +109,8 @@ def test_ci_runs_the_two_readme_commands():
 def test_readme_train_example_runs(command, tmp_path):
     workdir = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(cut_down(command, workdir), cwd=ROOT, capture_output=True,
-                            text=True, timeout=600, env=env)
+    result = subprocess.run([*cut_down(command, workdir), *train_cache_flags()], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = (workdir / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 1, metrics
@@ -120,5 +122,5 @@ def test_readme_python_block_runs(index, tmp_path):
     script = tmp_path / "readme_block.py"
     script.write_text(readme_python_blocks()[index])
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=600)
+                            text=True, timeout=600, env={**os.environ, **compile_cache_env()})
     assert result.returncode == 0, result.stderr[-3000:]

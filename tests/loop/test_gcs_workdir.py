@@ -11,7 +11,6 @@ the second run in that workdir, so it must load compiled programs from the bucke
 """
 
 import json
-import os
 import re
 import signal
 import socket
@@ -24,9 +23,8 @@ import pytest
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
 from spade_jax.workdir import compile_cache_dir, open_append, write_text_atomic
-from tests.loop.conftest import ROOT
+from tests.loop.conftest import ROOT, finish, start_run
 
-ARGS = ["--config.total_cycles=2", "--config.spade.regen_interval=1"]
 BUCKET = "spade-test"
 CACHE_LINE = re.compile(r"compilation cache (\S+): (\d+) hits, (\d+) misses")
 
@@ -67,24 +65,6 @@ def emulator_env(tmp_path_factory):
     }
     server.kill()
     server.wait()
-
-
-def train(workdir, env_extra, log):
-    """Start a tiny run; its log goes to the file `log` (a pipe could fill up and block it)."""
-    with open(log, "w") as handle:
-        return subprocess.Popen(
-            [sys.executable, str(ROOT / "launch" / "train.py"),
-             f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}", *ARGS],
-            stdout=subprocess.DEVNULL, stderr=handle, cwd=log.parent,
-            env={**os.environ, "XLA_FLAGS": "", **env_extra})
-
-
-def finish(proc, log) -> str:
-    """Wait for a run to succeed; its log."""
-    proc.wait(timeout=1200)
-    text = log.read_text()
-    assert proc.returncode == 0, text[-3000:]
-    return text
 
 
 def bucket_path(*parts):
@@ -178,15 +158,14 @@ def cache_counts(stderr: str) -> tuple[str, int, int]:
 
 @pytest.mark.slow  # about 4 min on 2 shared cores: runs in CI
 def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
-        tmp_path, emulator_env, bucket):
-    reference = tmp_path / "reference"
-    stderr = finish(train(reference, {}, tmp_path / "reference.log"), tmp_path / "reference.log")
+        tmp_path, emulator_env, bucket, reference_run):
+    reference, stderr = reference_run
     _, ref_hits, ref_misses = cache_counts(stderr)
     assert any((reference / "compile_cache").iterdir()) and ref_misses > 0
 
     workdir = f"gs://{BUCKET}/run"
     committed = bucket / "run" / "checkpoints" / "1" / "commit_success.txt"
-    proc = train(workdir, emulator_env, tmp_path / "killed.log")
+    proc = start_run(workdir, tmp_path / "killed.log", env_extra=emulator_env)
     deadline = time.time() + 900
     while not committed.exists():
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
@@ -196,7 +175,7 @@ def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
     proc.wait()
     assert not (tmp_path / "gs:").exists()  # nothing under <cwd>/gs:/... (the old bug)
 
-    stderr = finish(train(workdir, emulator_env, tmp_path / "resumed.log"),
+    stderr = finish(start_run(workdir, tmp_path / "resumed.log", env_extra=emulator_env),
                     tmp_path / "resumed.log")
     assert "resuming at cycle 1" in stderr, stderr[-3000:]
     cache_dir, hits, _ = cache_counts(stderr)
@@ -209,8 +188,8 @@ def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
     # The killed run logged cycle 0 (perhaps cycle 1 too); the resumed run re-does cycle 1.
     lines = (run / "metrics.jsonl").read_text().splitlines()
     rows = {r["cycle"]: r for r in map(json.loads, lines)}
-    assert sorted(rows) == [0, 1]
-    for cycle in (0, 1):
+    assert sorted(rows) == [0, 1, 2]
+    for cycle in (0, 1, 2):
         for key in ("regret/mean", "return/nohint", "return/hint", "train/loss",
                     "designer/attempts", "agent/generated_tokens"):
             if key in ref_rows[cycle]:
@@ -218,7 +197,7 @@ def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
                     cycle, key)
     assert (run / "config.json").exists()
     assert any((run / "tensorboard").iterdir())
-    for cycle in (0, 1):
+    for cycle in (0, 1, 2):
         ref_dir = reference / "envs" / f"cycle_{cycle:05d}"
         names = sorted(p.name for p in ref_dir.iterdir() if p.is_file())
         got = run / "envs" / f"cycle_{cycle:05d}"

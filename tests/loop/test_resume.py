@@ -6,27 +6,14 @@ uninterrupted one, cycle by cycle).
 """
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.loop.conftest import ROOT
+from tests.loop.conftest import finish, start_run
 
-pytestmark = pytest.mark.slow  # 97 s on 2 shared cores: runs in CI
-
-ARGS = ["--config.total_cycles=3", "--config.spade.regen_interval=1"]
-
-
-def train(workdir, *extra):
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "launch" / "train.py"), f"--config={ROOT}/configs/tiny.py",
-         f"--workdir={workdir}", *ARGS, *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "XLA_FLAGS": ""})
+pytestmark = pytest.mark.slow  # two launch/train.py runs (and the shared reference): runs in CI
 
 
 def metrics(workdir):
@@ -42,20 +29,19 @@ def wait_for(path, timeout):
         time.sleep(0.5)
 
 
-def test_sigkill_mid_cycle_resumes_exactly(tmp_path):
-    reference = tmp_path / "reference"
-    proc = train(reference)
-    assert proc.wait(timeout=1200) == 0, proc.stderr.read()[-3000:]
-
+def test_sigkill_mid_cycle_resumes_exactly(tmp_path, reference_run):
+    reference, _ = reference_run
+    # The reference's compiled programs: the same programs, loaded instead of compiled again.
+    cache = f"--compile_cache_dir={reference / 'compile_cache'}"
     killed = tmp_path / "killed"
-    proc = train(killed)
+    proc = start_run(killed, tmp_path / "killed.log", cache)
     wait_for(killed / "checkpoints" / "1", timeout=900)
     time.sleep(3)  # into cycle 1
+    assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert (killed / "checkpoints" / "1").is_dir()
-    proc = train(killed)
-    assert proc.wait(timeout=1200) == 0, proc.stderr.read()[-3000:]
+    finish(start_run(killed, tmp_path / "resumed.log", cache), tmp_path / "resumed.log")
 
     ref_rows = {r["cycle"]: r for r in metrics(reference)}
     # The killed run may have logged part of cycle 1 before dying; the resumed run re-does it.

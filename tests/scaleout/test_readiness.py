@@ -57,8 +57,15 @@ def _small_moe_train_ratios(mesh: dict, capacity_factor=None, n_experts_per_tok=
     c.model.moe_capacity_factor = capacity_factor
     c.mesh.update(mesh)
     reports, summary = check(parse(c), 8, layers=2, seq_len=256, micro_batches=1,
-                             rollout_batch=8, context=1024)
+                             programs=("train_step",))  # the sampler's programs: not needed
     return _ratios(cost_lines(reports, summary))
+
+
+def test_check_refuses_an_unknown_program_by_name():
+    from spade_jax.readiness import check
+
+    with pytest.raises(ValueError, match=r"unknown programs \['train'\]: choose from"):
+        check(parse(load_config_file("tiny")), 8, layers=1, seq_len=64, programs=("train",))
 
 
 @pytest.mark.slow  # two compiles on 8 CPUs: 134 s on this shared 2-core machine
