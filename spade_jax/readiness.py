@@ -229,7 +229,8 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
                  if t.kl_coef else None)
     lowerers = {
         "train_step": lambda: step.lower(state, train_batch(rows, seq_len), reference=reference),
-        "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=512),
+        "sampler.extend": lambda: sampler.lower(
+            "extend", rollout_batch, context, width=sampler.extend_width(rollout_batch)),
         "sampler.decode": lambda: sampler.lower("decode", rollout_batch, context),
     }
     reports = []
