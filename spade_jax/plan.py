@@ -6,8 +6,12 @@
 
 `--compiled` adds the plan derived from the code itself (`compiled_plan`): XLA's per-device
 memory analysis of the compiled train step and sampler programs at the config's true widths
-at 2 and 3 layers, on as many fake CPU devices as the slice has chips, extrapolated per layer,
-plus the resident state (minutes for 30B on a CPU host: 9 on 2 busy cores).
+at 2 and 3 layers, extrapolated per layer, plus the resident state. With libtpu installed
+(`pip install -e .[tpu]`; no TPU needed) the programs are compiled ahead of time by the TPU
+compiler for the slice's topology (`tpu_topology_devices`), which is the buffer assignment a
+pod run gets; otherwise (or with --compile_for=cpu) on as many fake CPU devices as the slice
+has chips, whose compiler keeps float32 copies of bf16 operands (whole KV-cache layers, expert
+weights) that a TPU does not (minutes for 30B on a CPU host either way).
 
 Nothing is allocated: the model is built with `nnx.eval_shape`, and each parameter's spec is
 fitted to an `AbstractMesh` of the configured (data, fsdp, tensor) shape exactly as on real
@@ -24,6 +28,7 @@ the optimizer state resident.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import re
@@ -47,6 +52,38 @@ GIB = 1 << 30
 TOPOLOGIES = {"v4": (32, 0.5), "v5e": (16, 1.0), "v5litepod": (16, 1.0), "v5p": (95, 0.5),
               "v6e": (32, 1.0)}
 LOGITS_CHUNK = 1024  # tokens per log-prob chunk of the train step (never the full B x T x V)
+
+
+def _topology_dims(chips: int, rank: int) -> list[int]:
+    """A slice's chip grid: `chips` (a power of two) over `rank` axes as evenly as possible,
+    the smaller axes first (v5p 32 chips: 2x4x4; v5e 16 chips: 4x4)."""
+    if chips < 1 or chips & (chips - 1):
+        raise ConfigError(f"a TPU topology of {chips} chips: use a power of two")
+    exponents = [0] * rank
+    for i in range(chips.bit_length() - 1):
+        exponents[-1 - i % rank] += 1
+    return sorted(1 << e for e in exponents)
+
+
+def tpu_topology_devices(name: str) -> list:
+    """The devices of TPU slice `name` (e.g. v5p-64) from libtpu's topology description: no
+    TPU needed, enough to compile programs for it ahead of time (`jax.jit(...).lower(...)
+    .compile()` gives the TPU compiler's memory analysis). Needs libtpu (`pip install -e
+    .[tpu]`); a ConfigError says so when it is missing."""
+    if importlib.util.find_spec("libtpu") is None:
+        raise ConfigError("compiling for a TPU topology needs libtpu: pip install -e .[tpu] "
+                          "(or use --compile_for=cpu)")
+    chips, _ = topology_devices(name)
+    generation = name.split("-")[0].replace("v5litepod", "v5e")
+    rank = 3 if generation in ("v4", "v5p") else 2
+    # a CPU host: no metadata server to ask, and other processes may hold libtpu too
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    shape = "x".join(map(str, _topology_dims(chips, rank)))
+    return list(topologies.get_topology_desc(platform="tpu",
+                                             topology_name=f"{generation}:{shape}").devices)
 
 
 def topology_devices(name: str) -> tuple[int, float]:
@@ -246,6 +283,7 @@ class CompiledPlan:
     whose buffers are not on the line through deeper programs."""
 
     layers: int
+    platform: str  # the compiler's: "tpu" (ahead of time for the topology) or "cpu" (fake CPUs)
     program_peaks: dict[str, tuple[int, int]]  # program -> peak at BASE_LAYERS and one more
     parameters: int  # master weights at full depth
     optimizer: int  # AdamW state at full depth
@@ -276,28 +314,31 @@ class CompiledPlan:
         return max(self.sampling_peak, self.training_peak)
 
 
-def compiled_plan(run, n_devices: int) -> CompiledPlan:
-    """The `CompiledPlan` of a RunConfig on `n_devices` (visible devices, e.g. fake CPUs):
-    compiles the train step (one micro-batch of train.seq_len tokens: `spade.batch.train_groups`'
-    largest call) and the sampler's extend and decode (the rollout batch over
-    sampling.max_context slots) at `BASE_LAYERS` and one more layer with
+def compiled_plan(run, n_devices: int, devices=None) -> CompiledPlan:
+    """The `CompiledPlan` of a RunConfig on `n_devices` (of `devices`: None for the visible
+    ones, e.g. fake CPUs, or a TPU topology's from `tpu_topology_devices`): compiles the train
+    step (one micro-batch of train.seq_len tokens: `spade.batch.train_groups`' largest call)
+    and the sampler's extend (its widest chunk, `Sampler.extend_width`) and decode (the
+    rollout batch over sampling.max_context slots) at `BASE_LAYERS` and one more layer with
     `spade_jax.readiness.check`."""
     from spade_jax.readiness import check
 
     peaks: dict[str, list[int]] = {}
     for layers in (BASE_LAYERS, BASE_LAYERS + 1):
-        reports, summary = check(run, n_devices, layers=layers, seq_len=None, micro_batches=1)
+        reports, summary = check(run, n_devices, layers=layers, seq_len=None, micro_batches=1,
+                                 devices=devices)
         for report in reports:
             if not report.memory:
-                raise RuntimeError(f"the {jax.default_backend()} backend gives no memory "
-                                   f"analysis of {report.name}: run the plan on CPU")
+                raise RuntimeError(f"this backend gives no memory analysis of {report.name}: "
+                                   "run the plan on CPU")
             peaks.setdefault(report.name, []).append(report.memory["peak"])
     full = summary["full_state"]
     ratio = jnp.dtype(run.model.compute_dtype).itemsize / jnp.dtype(
         run.model.param_dtype).itemsize
     copy = int(full["params_bytes"] * ratio)
     return CompiledPlan(
-        layers=full["layers"], program_peaks={k: tuple(v) for k, v in peaks.items()},
+        layers=full["layers"], platform=(devices or jax.devices())[0].platform,
+        program_peaks={k: tuple(v) for k, v in peaks.items()},
         parameters=full["params_bytes"], optimizer=full["optimizer_bytes"],
         sampler_weights=copy if ratio != 1 else 0,
         reference_weights=copy if run.train.kl_coef else 0)
@@ -306,8 +347,9 @@ def compiled_plan(run, n_devices: int) -> CompiledPlan:
 def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
     """A report of `plan` and its verdict against `hbm_gib` per device."""
     g = lambda b: f"{b / GIB:9.2f} GiB"  # noqa: E731
-    lines = [f"compiled programs (XLA memory analysis at {BASE_LAYERS} and {BASE_LAYERS + 1} "
-             f"layers, extrapolated to {plan.layers}), per device:"]
+    lines = [f"compiled programs ({plan.platform.upper()} compiler's memory analysis at "
+             f"{BASE_LAYERS} and {BASE_LAYERS + 1} layers, extrapolated to {plan.layers}), per "
+             "device:"]
     for name, (one, two) in plan.program_peaks.items():
         lines.append(f"  {name:<16}{g(plan.program_peak(name))}   ({one / GIB:.2f} GiB at "
                      f"{BASE_LAYERS} layers, {(two - one) / GIB:+.3f} GiB per layer)")
@@ -320,8 +362,10 @@ def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
         f"  training peak   {g(plan.training_peak)}   train step + sampler copy",
     ]
     verdict = "fits" if plan.peak <= hbm_gib * GIB else "does NOT fit"
+    note = ("the TPU compiler's buffer assignment" if plan.platform == "tpu" else
+            "CPU buffer assignment, which holds float32 copies a TPU does not")
     lines.append(f"verdict (compiled): {verdict} ({plan.peak / GIB:.1f} of {hbm_gib:g} GiB per "
-                 "device; CPU buffer assignment, the TPU's may differ)")
+                 f"device; {note})")
     return "\n".join(lines)
 
 
@@ -414,7 +458,11 @@ def main(argv) -> None:
                           "--hbm-gib=G")
     from spade_jax.config import parse
 
-    if FLAGS.compiled:
+    compile_for = FLAGS.compile_for or ("tpu" if FLAGS.topology and importlib.util.find_spec(
+        "libtpu") else "cpu")
+    if compile_for == "tpu" and not FLAGS.topology:
+        raise ConfigError("--compile_for=tpu needs --topology (the slice to compile for)")
+    if FLAGS.compiled and compile_for == "cpu":
         from spade_jax.readiness import ensure_devices
 
         ensure_devices(n_devices, "spade_jax.plan")
@@ -422,7 +470,8 @@ def main(argv) -> None:
     cfg, shape = plan_from_config(run, n_devices)
     print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
     if FLAGS.compiled:
-        print(format_compiled_plan(compiled_plan(run, n_devices), hbm_gib))
+        devices = tpu_topology_devices(FLAGS.topology) if compile_for == "tpu" else None
+        print(format_compiled_plan(compiled_plan(run, n_devices, devices), hbm_gib))
 
 
 def _define_flags() -> None:
@@ -434,8 +483,11 @@ def _define_flags() -> None:
     flags.DEFINE_integer("devices", None, "number of devices (instead of --topology)")
     flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB (with --devices)")
     flags.DEFINE_bool("compiled", False, "also compile the train step and sampler programs at 2 "
-                      "and 3 layers on fake CPU devices and extrapolate XLA's per-device memory "
-                      "analysis (minutes for a 30B config)")
+                      "and 3 layers and extrapolate XLA's per-device memory analysis (minutes "
+                      "for a 30B config)")
+    flags.DEFINE_enum("compile_for", None, ["tpu", "cpu"], "--compiled's compiler: tpu (ahead "
+                      "of time for --topology; needs libtpu, no TPU) or cpu (fake CPU devices); "
+                      "default tpu when libtpu is installed")
     flags.mark_flag_as_required("config")
 
 

@@ -185,28 +185,31 @@ PROGRAMS = ("train_step", "sampler.extend", "sampler.decode")  # what `check` co
 
 def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
           micro_batches: int = 2, rollout_batch: int | None = None, context: int | None = None,
-          compile_programs: bool = True,
-          programs: tuple[str, ...] | None = None) -> tuple[list[ProgramReport], dict]:
+          compile_programs: bool = True, programs: tuple[str, ...] | None = None,
+          devices=None) -> tuple[list[ProgramReport], dict]:
     """Lower (and compile) the train step and the sampler programs of `run_cfg`.
 
     `layers` replaces the decoder depth (None: the config's); `programs` keeps only those
-    programs (None: all three). Returns the program reports and a summary dict (mesh,
-    parameter counts, shapes used).
+    programs (None: all three). `devices` (None: the visible ones) may be a TPU topology's
+    (`spade_jax.plan.tpu_topology_devices`): the programs are then compiled ahead of time by
+    the TPU compiler, with no TPU attached. Returns the program reports and a summary dict
+    (mesh, parameter counts, shapes used).
     """
     import jax
 
     from spade_jax.rl.trainer import Remat, TrainStep, make_optimizer
-    from spade_jax.sampling.sampler import Sampler
+    from spade_jax.sampling.sampler import Sampler, bucket_at_most
     from spade_jax.sharding import make_mesh
 
     unknown = sorted(set(programs or ()) - set(PROGRAMS))
     if unknown:
         raise ValueError(f"unknown programs {unknown}: choose from {list(PROGRAMS)}")
-    if jax.device_count() < n_devices:
+    devices = jax.devices() if devices is None else list(devices)
+    if len(devices) < n_devices:
         raise RuntimeError(
-            f"{n_devices} devices needed but {jax.device_count()} are visible; on CPU set "
+            f"{n_devices} devices needed but {len(devices)} are visible; on CPU set "
             f"XLA_FLAGS={CPU_DEVICES_FLAG}={n_devices} before JAX starts")
-    mesh = make_mesh(run_cfg.mesh.shape(n_devices), jax.devices()[:n_devices])
+    mesh = make_mesh(run_cfg.mesh.shape(n_devices), devices[:n_devices])
     full_cfg = run_cfg.model.arch
     model_cfg = full_cfg.replace(n_layers=int(layers)) if layers else full_cfg
     t = run_cfg.train
@@ -235,9 +238,11 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     reference = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype,
                                                              sharding=x.sharding), state.params)
                  if t.kl_coef else None)
+    # the widest extend a session runs (chunked prefill), within half the window here
+    width = min(sampler.extend_width(rollout_batch), bucket_at_most(context // 2))
     lowerers = {
         "train_step": lambda: step.lower(state, train_batch(rows, seq_len), reference=reference),
-        "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=512),
+        "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=width),
         "sampler.decode": lambda: sampler.lower("decode", rollout_batch, context),
     }
     if programs is not None:

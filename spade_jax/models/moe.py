@@ -12,9 +12,14 @@ replicated over 'tensor' (sharded over data and fsdp only), so the combine is th
 exchanges of the k copies for no saving at this layout.
 Each rank's grouped-matmul buffer is static (`buffer_rows`). Dropless (the default) it has
 room for the worst case, every local token sending min(k, E/tp) copies to the rank: up to tp x
-the balanced work in XLA's cost analysis of the static program. At run time on TPU the
-megablox kernel visits only the tiles of real rows (a dynamic grid) yet declares the whole
-buffer's FLOPs to XLA; on CPU (`tiled_grouped_matmul`) the buffer is really multiplied. With
+the balanced work in XLA's cost analysis of the static program. So that this worst case is a
+bounded buffer rather than one of all the rank's tokens (a 30B prefill's 74k tokens x 8 copies
+per rank, tens of GiB), dropless ranks route their tokens in chunks of `MOE_TOKEN_CHUNK`, one
+after the other (`_chunked_local_experts`, each chunk rematerialised in the backward pass):
+the same outputs, the worst-case buffer of one chunk (XLA's cost analysis counts one chunk).
+At run time on TPU the megablox kernel visits only the tiles of real rows (a dynamic grid) yet
+declares the whole buffer's FLOPs to XLA; on CPU (`tiled_grouped_matmul`) the buffer is really
+multiplied. With
 `model.moe_capacity_factor` c the buffer holds c x the balanced share N·k/tp and a rank's
 copies past it are dropped (the latest tokens' first; the token keeps its residual stream), as
 MaxText's and Tunix's capacity factor does; `RouterLoad` reports the copies per expert and the
@@ -213,10 +218,54 @@ def _local_experts(x, top_idx, top_vals, gate, up, down, first_expert, capacity)
     return out, (jnp.sum(is_local) - n_kept).astype(jnp.float32)
 
 
+MOE_TOKEN_CHUNK = 4096  # tokens a dropless rank routes at once: a worst-case buffer of 32k rows
+
+
+def _chunked_local_experts(x, top_idx, top_vals, gate, up, down, first_expert, chunk):
+    """Dropless `_local_experts` of tokens x [N, D] routed `chunk` tokens at a time.
+
+    Each chunk gets its own worst-case buffer (chunk x min(k, G) rows) and runs after the
+    previous one (`lax.map`), its intermediates rematerialised in the backward pass
+    (`jax.checkpoint`), so the buffers are one chunk's whatever N is. The last chunk is padded
+    with tokens routed to expert -1, which no rank holds: they contribute nothing. Same
+    (output, dropped = 0) as one dropless call over all N tokens.
+    """
+    n_tokens, top_k = top_idx.shape
+    worst = lambda n: buffer_rows(n, top_k, gate.shape[0], 1, None)  # noqa: E731
+    if n_tokens <= chunk:
+        return _local_experts(x, top_idx, top_vals, gate, up, down, first_expert,
+                              worst(n_tokens))
+    n_chunks = -(-n_tokens // chunk)
+    pad = n_chunks * chunk - n_tokens
+    chunks = (jnp.pad(x, ((0, pad), (0, 0))).reshape(n_chunks, chunk, -1),
+              jnp.pad(top_idx, ((0, pad), (0, 0)), constant_values=-1).reshape(
+                  n_chunks, chunk, top_k),
+              jnp.pad(top_vals, ((0, pad), (0, 0))).reshape(n_chunks, chunk, top_k))
+
+    @jax.checkpoint
+    def one_chunk(args):
+        return _local_experts(*args, gate, up, down, first_expert, worst(chunk))
+
+    out, dropped = jax.lax.map(one_chunk, chunks)
+    return out.reshape(n_chunks * chunk, -1)[:n_tokens], jnp.sum(dropped)
+
+
 def _token_spec(n_tokens: int, mesh) -> PartitionSpec:
     """Tokens over ('data', 'fsdp') where they divide evenly, else replicated."""
     size = math.prod(mesh.shape[a] for a in TOKEN_AXES)
     return PartitionSpec(TOKEN_AXES if n_tokens % size == 0 else None, None)
+
+
+def _rank_experts(x, top_idx, top_vals, gate, up, down, first_expert, *, n_ranks,
+                  capacity_factor):
+    """One rank's routed experts over its tokens x [N, D]: dropless in token chunks
+    (`_chunked_local_experts`), or one buffer of `buffer_rows` at a capacity factor."""
+    if capacity_factor is None:
+        return _chunked_local_experts(x, top_idx, top_vals, gate, up, down, first_expert,
+                                      MOE_TOKEN_CHUNK)
+    capacity = buffer_rows(x.shape[0], top_idx.shape[1], gate.shape[0], n_ranks,
+                           capacity_factor)
+    return _local_experts(x, top_idx, top_vals, gate, up, down, first_expert, capacity)
 
 
 def moe_mlp(
@@ -228,7 +277,8 @@ def moe_mlp(
     Dropless (`capacity_factor` None) it equals `moe_mlp_dense`. Expert-parallel over 'tensor'
     when the abstract mesh in context (`jax.set_mesh`) has the ('data', 'fsdp', 'tensor') axes
     and 'tensor' divides the expert count; otherwise one routed computation over all experts,
-    left to the SPMD partitioner. Each rank's buffer holds `buffer_rows` copies of its tokens.
+    left to the SPMD partitioner. Each rank's buffer holds `buffer_rows` copies of its tokens
+    (dropless: of one chunk of `MOE_TOKEN_CHUNK` tokens at a time).
     """
     batch, length, d_model = x.shape
     flat = x.reshape(batch * length, d_model)
@@ -240,21 +290,19 @@ def moe_mlp(
     expert_parallel = (set(mesh.axis_names) == {*TOKEN_AXES, EXPERT_AXIS}
                        and mesh.shape[EXPERT_AXIS] > 1 and n_experts % mesh.shape[EXPERT_AXIS] == 0)
     if not expert_parallel:
-        capacity = buffer_rows(flat.shape[0], top_k, n_experts, 1, capacity_factor)
-        out, dropped = _local_experts(flat, top_idx, top_vals, gate, up, down, 0, capacity)
+        out, dropped = _rank_experts(flat, top_idx, top_vals, gate, up, down, 0, n_ranks=1,
+                                     capacity_factor=capacity_factor)
         return out.reshape(x.shape), RouterLoad(expert_copies, dropped)
 
     n_ranks = mesh.shape[EXPERT_AXIS]
     n_local = n_experts // n_ranks
     tokens = _token_spec(flat.shape[0], mesh)
-    token_shards = math.prod(mesh.shape[a] for a in TOKEN_AXES) if tokens[0] else 1
-    capacity = buffer_rows(flat.shape[0] // token_shards, top_k, n_local, n_ranks,
-                           capacity_factor)
     all_axes = (*TOKEN_AXES, EXPERT_AXIS) if tokens[0] else EXPERT_AXIS
 
     def shard(x, top_idx, top_vals, gate, up, down):
         first = jax.lax.axis_index(EXPERT_AXIS) * n_local
-        partial, dropped = _local_experts(x, top_idx, top_vals, gate, up, down, first, capacity)
+        partial, dropped = _rank_experts(x, top_idx, top_vals, gate, up, down, first,
+                                         n_ranks=n_ranks, capacity_factor=capacity_factor)
         return jax.lax.psum(partial, EXPERT_AXIS), jax.lax.psum(dropped, all_axes)
 
     experts = PartitionSpec(EXPERT_AXIS, None, None)  # gathered over fsdp on entry (ZeRO-3)

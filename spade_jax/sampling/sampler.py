@@ -26,6 +26,13 @@ longest row (by padding), so attention costs scale with the filled prefix, not w
 A decode runs in segments: each is one `lax.while_loop` over the current window, and the window
 grows geometrically between segments while rows still run.
 
+Chunked prefill: an extend writes at most `Sampler.extend_width(batch)` tokens per row per
+call, the widest bucket whose rows x width on one device stay within `prefill_tokens`
+(`PREFILL_TOKENS_PER_DEVICE`); longer prompts and observations are written in successive
+pieces, which appending-equals-re-prefilling makes exact. So an extend's activations (its MoE
+buffers, attention scores) are bounded whatever the prompts' lengths, and the extend program
+the memory plan compiles is the widest one a session runs.
+
 Shapes that reach the compiler are bucketed (window, extend width, stop-id list), and
 temperature / top-k / top-p / seed / limits are traced, so a session compiles a handful of
 programs once (about two per window size it reaches).
@@ -77,6 +84,15 @@ def bucket(n: int, minimum: int = _MIN_BUCKET) -> int:
     return power * 3 // 4 if power * 3 // 4 >= n else power
 
 
+def bucket_at_most(n: int) -> int:
+    """Largest bucket (see `bucket`) <= n, and at least the smallest bucket."""
+    b = bucket(n)
+    if b <= n or b == _MIN_BUCKET:
+        return b
+    return b * 3 // 4 if b & (b - 1) == 0 else b * 2 // 3
+
+
+PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device (its rows x width)
 _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64 slots is cheap
 _SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many steps when needed
 
@@ -270,12 +286,17 @@ class Sampler:
     `fuse_weights` (default: on for CPU) keeps `fused_decode_weights`, a copy of the weights
     with q/k/v and gate/up concatenated and the output projection as [D, vocab] — faster decode
     on CPU at the cost of a second copy of the weights.
+    `prefill_tokens`: the tokens one extend call may compute per device (see `extend_width`).
     """
 
     def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
                  max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None,
-                 compute_dtype=None):
+                 compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE):
+        if int(prefill_tokens) < _MIN_BUCKET:
+            raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
+                             f"least {_MIN_BUCKET} tokens per device")
         self.cfg = model.cfg
+        self.prefill_tokens = int(prefill_tokens)
         self.compute_dtype = None if compute_dtype is None else jnp.dtype(compute_dtype)
         self.mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
         self.max_top_k = max_top_k
@@ -298,6 +319,12 @@ class Sampler:
         """Batches are padded to a multiple of the axes the KV cache's batch is split over."""
         batch_axes, _ = kv_cache_axes(self.cfg.n_kv_heads, self.mesh.shape)
         return int(np.prod([self.mesh.shape[a] for a in batch_axes]))
+
+    def extend_width(self, batch: int) -> int:
+        """Tokens per row of one extend over `batch` rows: the widest bucket whose rows on one
+        device (the batch is split over the data axes) x width stay within `prefill_tokens`."""
+        rows = self.batch_sharding((batch,)).shard_shape((batch,))[0]
+        return bucket_at_most(max(_MIN_BUCKET, self.prefill_tokens // rows))
 
     def _dtype_for(self, a):
         """The dtype the sampler keeps weight `a` (array or ShapeDtypeStruct) in."""
@@ -534,14 +561,20 @@ class Session:
         return np.where(self.refused, 0, free)
 
     def _extend(self, blocks: dict[int, list[int]]) -> None:
-        """Write `blocks[r]` after row r's cached tokens, each row at its own position.
+        """Write `blocks[r]` after row r's cached tokens, each row at its own position, in
+        pieces of at most `Sampler.extend_width` tokens per row (chunked prefill)."""
+        blocks = {r: b for r, b in blocks.items() if b}
+        chunk = self.sampler.extend_width(self.batch)
+        for start in range(0, max((len(b) for b in blocks.values()), default=0), chunk):
+            self._extend_piece({r: b[start:start + chunk] for r, b in blocks.items()
+                                if len(b) > start})
+
+    def _extend_piece(self, blocks: dict[int, list[int]]) -> None:
+        """Write the non-empty `blocks[r]` after row r's cached tokens in one extend call.
 
         The rows with tokens are written in one bucketed block: all of the batch, or (where the
         cache's batch is not split over devices) only those rows, padded to a bucketed count.
         """
-        blocks = {r: b for r, b in blocks.items() if b}
-        if not blocks:
-            return
         longest = max(len(b) for b in blocks.values())
         width = bucket(longest)
         self._ensure_window(int(self.lengths.max()) + width)
@@ -559,8 +592,8 @@ class Session:
                 n = len(block)
                 tokens[i, :n] = block
                 mask[i, :n] = True
-                # The block ends just before the row's pending (last) token.
-                positions[i, :n] = len(self.sequences[r]) - 1 - n + np.arange(n)
+                # a row's rotary position counts its tokens: the block follows its cached ones
+                positions[i, :n] = self.lengths[r] + np.arange(n)
         lengths = np.append(self.lengths, 0)[rows]  # padding rows: empty
         if subset:
             program = self.sampler._program("extend_rows", self.batch, self.window,

@@ -85,6 +85,51 @@ def test_expert_parallel_equals_dense(shape, collapsed):
     _assert_close(got, want)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 2, 4)])
+def test_dropless_token_chunks_equal_dense_values_and_gradients(shape, monkeypatch):
+    """Chunks of 5 tokens (48 tokens: 24 per fsdp shard, the last chunk padded) give the dense
+    layer's outputs and gradients, with a collapsed router too, one device and expert-parallel,
+    and nothing counted as dropped."""
+    monkeypatch.setattr(moe, "MOE_TOKEN_CHUNK", 5)
+    buffers = []
+    local_experts = moe._local_experts
+
+    def spy(*args):
+        buffers.append(args[-1])
+        return local_experts(*args)
+
+    monkeypatch.setattr(moe, "_local_experts", spy)
+    mesh = make_mesh(shape, jax.devices()[:int(np.prod(shape))])
+    for collapsed in (False, True):
+        args = _params(seed=3, router_bias=_collapsed_router() if collapsed else None)
+        if collapsed:
+            args = (jnp.abs(args[0]),) + args[1:]
+        with jax.set_mesh(mesh):
+            got = jax.jit(lambda *a: _value_and_grads(_routed, a))(*args)
+            load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True)[1])(*args)
+        assert set(buffers) == {5 * K}  # every buffer is one chunk's worst case
+        _assert_close(got, _value_and_grads(moe.moe_mlp_dense, args))
+        assert float(load.dropped) == 0.0
+        assert float(jnp.sum(load.expert_copies)) == 48 * K
+
+
+def test_dropless_token_chunks_bound_the_expert_buffers(monkeypatch):
+    """XLA's temporaries for 4096 tokens on one device: one dropless buffer of all 4096 x k
+    copies against chunks of 256 tokens, which need several times less."""
+    x = jax.random.normal(jax.random.key(0), (1, 4096, D))
+    args = (x,) + _params()[1:]
+
+    def temp_bytes():
+        fn = jax.jit(lambda *a: moe.moe_mlp(*a, K, True)[0])
+        return fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+    whole = temp_bytes()
+    monkeypatch.setattr(moe, "MOE_TOKEN_CHUNK", 256)
+    chunked = temp_bytes()
+    print("whole", whole, "chunked", chunked)
+    assert chunked * 3 < whole, (chunked, whole)
+
+
 def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
     """The model's MoE path under the train step: shard_map on (1, 2, 4), same update as 1 CPU."""
     import flax.nnx as nnx

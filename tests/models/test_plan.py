@@ -1,5 +1,6 @@
 """Memory plan: topology names, per-device bytes from real shardings, the CLI."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -7,7 +8,14 @@ import pytest
 
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
-from spade_jax.plan import TrainShape, format_plan, memory_plan, topology_devices
+from spade_jax.plan import (
+    TrainShape,
+    _topology_dims,
+    format_plan,
+    memory_plan,
+    topology_devices,
+    tpu_topology_devices,
+)
 
 CFG = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
                   head_dim=32, ffn_dim=512, tie_embeddings=True, family="llama")
@@ -22,6 +30,22 @@ def test_topologies():
     assert topology_devices("v4-128") == (64, 32.0)
     with pytest.raises(ConfigError, match="unknown topology"):
         topology_devices("h100-8")
+
+
+def test_tpu_topology_shapes_and_devices():
+    """v5p/v4 slices are 3-D chip grids, v5e/v6e 2-D; with libtpu the topology's devices are
+    TPUs (no TPU attached), without it the plan says what to install."""
+    assert _topology_dims(32, 3) == [2, 4, 4] and _topology_dims(64, 3) == [4, 4, 4]
+    assert _topology_dims(4, 3) == [1, 2, 2] and _topology_dims(16, 2) == [4, 4]
+    assert _topology_dims(128, 2) == [8, 16]
+    with pytest.raises(ConfigError, match="power of two"):
+        _topology_dims(24, 3)
+    if importlib.util.find_spec("libtpu") is None:
+        with pytest.raises(ConfigError, match=r"pip install -e \.\[tpu\]"):
+            tpu_topology_devices("v5p-64")
+    else:
+        devices = tpu_topology_devices("v5p-64")
+        assert len(devices) == 32 and {d.platform for d in devices} == {"tpu"}
 
 
 def test_parameter_bytes_follow_the_shardings():

@@ -124,6 +124,52 @@ def test_multi_turn_equals_reprefill(model, sampler):
             assert fresh.tokens == [seq[t]]
 
 
+def test_chunked_prefill_and_append_equal_one_block(model, sampler, monkeypatch):
+    """A sampler allowed 16 tokens per device per extend writes a 40-token prompt and a
+    20-token observation in pieces of at most 16 tokens per row, and its caches and sampled
+    tokens equal those of the default sampler, which writes each in one block."""
+    from spade_jax.sampling.sampler import Session
+
+    widths = []
+    original = Session._extend_piece
+
+    def spy(self, blocks):
+        widths.append(max(len(b) for b in blocks.values()))
+        return original(self, blocks)
+
+    chunked = Sampler(model, prefill_tokens=16)
+    assert chunked.extend_width(2) == 16 and sampler.extend_width(2) > 64
+    prompts = [list(range(1, 41)), [7, 8, 9, 10, 11, 12, 13]]
+    results = []
+    for s in (sampler, chunked):
+        monkeypatch.setattr(Session, "_extend_piece", spy)
+        widths.clear()
+        session = s.start(prompts, capacity=128)
+        first = session.decode(5, temperature=0.8, top_k=20, seed=2)
+        session.append([list(range(20, 40)), None])
+        second = session.decode(6, temperature=0.8, top_k=20, seed=2)
+        lengths = session.lengths.copy()
+        caches = [(np.asarray(k)[..., :60], np.asarray(v)[:, :, :60]) for k, v in session.cache]
+        results.append((list(widths), first, second, lengths, caches))
+    (whole_widths, *whole), (piece_widths, *pieces) = results
+    assert max(whole_widths) == 39 and max(piece_widths) == 16 and len(piece_widths) == 5
+    (first_a, second_a, lengths_a, cache_a), (first_b, second_b, lengths_b, cache_b) = whole, pieces
+    np.testing.assert_array_equal(lengths_a, lengths_b)
+    for a, b in zip(first_a + second_a, first_b + second_b, strict=True):
+        if a is not None:
+            assert a.tokens == b.tokens
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    for row, n in enumerate(lengths_a[:2]):
+        for (ka, va), (kb, vb) in zip(cache_a, cache_b, strict=True):
+            np.testing.assert_allclose(ka[row, ..., :n], kb[row, ..., :n], atol=1e-5)
+            np.testing.assert_allclose(va[row, :, :n], vb[row, :, :n], atol=1e-5)
+
+
+def test_prefill_token_budget_below_one_bucket_is_refused(model):
+    with pytest.raises(ValueError, match="prefill_tokens=8"):
+        Sampler(model, prefill_tokens=8)
+
+
 def test_sampling_knobs_do_not_recompile(sampler):
     knobs = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.5, 5, 0.9), (0.7, 0, 0.5), (0.0, 3, 0.2)]
 
