@@ -2,7 +2,8 @@
 reasoning-gym's hard split.
 
 AIME and GPQA-Diamond read public data files from a directory the user gives (file names as
-the reference expects them, `AIME_FILE` and `GPQA_FILE`); every item is `answer_env.py` bound
+the reference expects them, `AIME_FILE` and `GPQA_FILE`; GPQA and LiveCodeBench also from the
+local Hugging Face cache, `HUB_FILES`); every item is `answer_env.py` bound
 to its prompt and answer, played once per sample (seed = sample index). LiveCodeBench reads
 the release_v6 files of `livecodebench/code_generation_lite` (`LCB_FILES`); every problem is
 `livecodebench_env.py` bound to its prompt and tests, scored by running them in the sandbox.
@@ -19,6 +20,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from spade_jax import hf_cache
 from spade_jax.errors import MissingFileError
 from spade_jax.eval import (
     answer_env,
@@ -48,16 +50,35 @@ RG_HARD_DATASET_SEED = 42  # the reference registers every rg:<name>-hard env wi
 RG_HARD_DATASET_SIZE = 500  # and the default size of its reasoning-gym env
 
 
+# Files also found in the local Hugging Face cache, when the machine has the dataset there:
+# relative name under --data_dir -> (HF Hub dataset id, file in that repository).
+HUB_FILES = {GPQA_FILE: ("Idavidrein/gpqa", "gpqa_diamond.csv"),
+             **{name: ("livecodebench/code_generation_lite", name.split("/", 1)[1])
+                for name in LCB_FILES}}
+
+
 def data_file(data_dir: str | Path | None, relative: str, suite: str) -> Path:
-    """`data_dir/relative`; MissingFileError naming the path (and the README) if absent."""
-    if data_dir is None:
-        raise MissingFileError(f"{suite} reads {relative} from --data_dir, which was not given "
-                               "(README.md, Evaluation, says where the file comes from)")
-    path = Path(data_dir).expanduser() / relative
-    if not path.is_file():
-        raise MissingFileError(f"{suite} needs {path} (README.md, Evaluation, says where it "
-                               "comes from)")
-    return path
+    """`data_dir/relative`, else (for `HUB_FILES`) the file in the local Hugging Face cache;
+    MissingFileError naming where it looked (and the README) if neither has it."""
+    looked = []
+    if data_dir is not None:
+        path = Path(data_dir).expanduser() / relative
+        if path.is_file():
+            return path
+        looked.append(str(path))
+    else:
+        looked.append(f"--data_dir/{relative} (--data_dir was not given)")
+    if relative in HUB_FILES:
+        repo_id, name = HUB_FILES[relative]
+        try:
+            path = hf_cache.snapshot(repo_id, repo_type="dataset") / name
+        except MissingFileError:
+            path = None
+        if path is not None and path.is_file():
+            return path
+        looked.append(f"{name} of the HF Hub dataset {repo_id} in the local Hugging Face cache")
+    raise MissingFileError(f"{suite} needs {' or '.join(looked)} (README.md, Evaluation, says "
+                           "where it comes from)")
 
 
 def aime_tasks(data_dir: str | Path | None, year: int, samples: int) -> list[EvalTask]:

@@ -54,7 +54,7 @@ def test_every_category_loads_with_acebench_prompts(tasks):
 
 def test_missing_clone_or_file_names_the_file_expected(tmp_path):
     with pytest.raises(MissingFileError, match="ACEBench/data_all/data_en/data_normal_single_"
-                                               "turn_single_function.json from --data_dir"):
+                                               "turn_single_function.json \\(--data_dir was not "):
         acebench.acebench_tasks(None)
     with pytest.raises(MissingFileError, match=re.escape(str(tmp_path / "ACEBench" / "data_all"))):
         acebench.acebench_tasks(tmp_path)

@@ -186,12 +186,46 @@ def test_settings_are_the_reference_values_and_overridable():
 
 def test_missing_data_names_the_file_expected(tmp_path):
     settings = tables.table_settings("rq1")
-    with pytest.raises(MissingFileError, match="aime-2025/aime-2025.jsonl from --data_dir"):
+    with pytest.raises(MissingFileError,
+                       match=r"--data_dir/aime-2025/aime-2025.jsonl \(--data_dir was not given\)"):
         tables.table_tasks("rq1", settings, data_dir=None)
     (tmp_path / "aime-2025").mkdir()
     (tmp_path / "aime-2025" / "aime-2025.jsonl").write_text("")
     with pytest.raises(MissingFileError, match=f"needs {tmp_path}/aime-2026/aime-2026.jsonl"):
         tables.table_tasks("rq1", settings, data_dir=tmp_path)
+
+
+def _hub_dataset_file(cache, repo_id, name, text):
+    """One file of an HF Hub dataset repository laid out in `cache` as huggingface_hub does."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"datasets--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    (repo / "snapshots" / commit / name).write_text(text)
+
+
+def test_gpqa_and_livecodebench_are_read_from_the_hub_cache_without_a_data_dir(
+        tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(MissingFileError, match=r"gpqa_diamond.csv of the HF Hub dataset "
+                                               r"Idavidrein/gpqa in the local Hugging Face cache"):
+        rq1.gpqa_tasks(None, 1)
+    _hub_dataset_file(tmp_path / "hub", "Idavidrein/gpqa", "gpqa_diamond.csv",
+                      (FIXTURES / "gpqa_diamond.csv").read_text())
+    from_hub = rq1.gpqa_tasks(None, 1)
+    assert [t.task_id for t in from_hub] == [t.task_id for t in rq1.gpqa_tasks(FIXTURES, 1)]
+    assert from_hub[0].code == rq1.gpqa_tasks(FIXTURES, 1)[0].code
+    # --data_dir wins over the cache; a file missing from both names both places
+    assert rq1.data_file(FIXTURES, rq1.GPQA_FILE, "GPQA") == FIXTURES / rq1.GPQA_FILE
+    with pytest.raises(MissingFileError, match=rf"needs {tmp_path}/livecodebench/test.jsonl or "
+                                               r"test.jsonl of the HF Hub dataset "
+                                               r"livecodebench/code_generation_lite"):
+        rq1.data_file(tmp_path, rq1.LCB_FILES[0], "LiveCodeBench v6")
+    _hub_dataset_file(tmp_path / "hub", "livecodebench/code_generation_lite", "test6.jsonl", "")
+    assert rq1.data_file(None, rq1.LCB_FILES[-1], "LiveCodeBench v6").name == "test6.jsonl"
 
 
 def test_limit_keeps_every_sample_of_the_first_items_spread_over_categories():
