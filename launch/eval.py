@@ -131,7 +131,7 @@ def main(argv):
             logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
         if _TABLE.value:
             tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
-                             batch_size=_BATCH.value, seed=cfg.seed)
+                             data_dir=_DATA_DIR.value, batch_size=_BATCH.value, seed=cfg.seed)
         else:
             decoding = dataclasses.replace(
                 runner.greedy(_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens),

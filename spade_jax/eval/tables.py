@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from spade_jax.eval import bfcl, report, rq1
+from spade_jax.eval import bfcl, report, rq1, tau2
 from spade_jax.spade.rollout import Decoding
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class SuiteSettings:
     unavailable: str = ""  # why the suite cannot run yet ("": it can)
     # SandboxConfig fields this suite's environments need beyond the evaluation's defaults
     sandbox: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # how the simulated user of a conversation suite samples (runner.SIMULATED_USER_SUITES)
+    user_decoding: Decoding | None = None
 
 
 SUITE_SETTINGS: dict[str, SuiteSettings] = {
@@ -69,12 +71,14 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
     "bfcl_v4": SuiteSettings(samples=1, decoding=Decoding(
         temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192)),
     # _tool_use_tau2.yaml: 4 trials, agent temperature 0.0, top_p 0.8, top_k 20, 16384 tokens,
-    # 200 steps; the user simulator is gpt-4.1 at temperature 0 there.
+    # 200 steps (messages of all parties), split base; the user simulator is gpt-4.1 at
+    # temperature 0 with 2048 tokens there, the policy itself here. Environments load the
+    # domain's database (retail's is 3 MB of JSON) and replay the gold actions to score.
     "tau2": SuiteSettings(samples=4, max_turns=200, decoding=Decoding(
         temperature=0.0, top_p=0.8, top_k=20, max_new_tokens=16384),
-        unavailable="tau2-bench is not implemented yet: its retail / airline / telecom tools, "
-                    "simulated user and database-state scoring (the tau2-bench repository, "
-                    "not on PyPI) are not ported"),
+        user_decoding=Decoding(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=2048),
+        sandbox={"memory_bytes": 4 << 30, "cpu_seconds": 1800, "play_timeout_s": 1800.0,
+                 "step_timeout_s": 60.0}),
     # tool_use.yaml suites.acebench: test_all, temperature 0.7, top_p 1.0, 16384 tokens,
     # 40 dialog turns (user model gpt-4o there).
     "acebench": SuiteSettings(samples=1, max_turns=40, decoding=Decoding(
@@ -204,6 +208,9 @@ def table_tasks(table: str, settings: Mapping[str, SuiteSettings], *,
             built = rq1.lcb_tasks(data_dir, s.samples)
         elif suite == "bfcl_v4":
             built = bfcl.v4_tasks(limit=limit)
+        elif suite == "tau2":
+            built = tau2.tau2_tasks(data_dir, s.samples, max_steps=s.max_turns,
+                                    max_turns=s.max_turns)
         else:
             built = rq1.rg_hard_tasks(s.samples, s.max_turns)
         tasks[suite] = _first_items(built, limit, by_bucket=suite == "rg_hard")
@@ -243,17 +250,23 @@ def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
 
 
 def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[str, SuiteSettings],
-              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0) -> dict:
+              out_dir: str | Path, *, data_dir: str | Path | None = None, batch_size: int = 16,
+              seed: int = 0) -> dict:
     """Play each suite's tasks with its settings into `out_dir/<suite>` (resumable); the table.
 
-    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`).
+    `tasks` is `table_tasks(...)` of the same `data_dir`; `rt` a `spade.runtime.Runtime` (see
+    `runner.evaluate`).
     """
     from spade_jax.eval import runner
 
     for suite, suite_tasks in tasks.items():
         log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
+        sandbox = dict(settings[suite].sandbox)
+        if suite == "tau2":
+            sandbox["read_only_paths"] = tau2.sandbox_paths(data_dir)
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
-                        decoding=settings[suite].decoding, sandbox=settings[suite].sandbox,
+                        decoding=settings[suite].decoding, sandbox=sandbox,
+                        user_decoding=settings[suite].user_decoding,
                         with_hints=False, seed=seed)
     return write_table(out_dir, table, settings)
 

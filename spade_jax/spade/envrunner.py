@@ -32,6 +32,7 @@ class EpisodeStart:
     error: str = ""
     hint_status: HintStatus = HintStatus.NONE  # NONE: no hint asked (or no start)
     tools: list | None = None  # a tool-use environment's schemas (its reset info's "tools")
+    system_prompt: str | None = None  # the episode's own agent system prompt (None: the run's)
 
 
 class SandboxEnvRunner:

@@ -1,0 +1,156 @@
+"""The rollout's env runner for conversations with a simulated user (τ²-bench), played by a model.
+
+Environments of this kind (`tau2_env.py`) say whom each observation is for (`info["to"]`):
+"agent" observations go back to the rollout as usual; "user" observations are the user's to
+answer, and this runner answers them with its own model (by default the policy's sampler)
+in a second KV-cache session, one conversation per episode: the user's system prompt and
+tools from the environment's reset info, the agent's messages as the user model's incoming
+turns, its tool results as tool turns. The agent's system prompt and tools come from the
+same reset info (`EpisodeStart.system_prompt`, `EpisodeStart.tools`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from spade_jax.envs import EnvPool, StepResult
+from spade_jax.envs.tool_use import TOOL_RESULTS
+from spade_jax.seeding import derive_seed
+from spade_jax.spade.envrunner import EpisodeStart
+from spade_jax.spade.rollout import ChatFormat, Decoding
+
+TO_AGENT, TO_USER = "agent", "user"
+CONTEXT_FULL = "context_full"
+
+
+class UserSimulatorRunner:
+    """Start, step and close episodes whose user is played by `sampler` with `decoding`.
+
+    `capacity` is the user conversation's KV-cache slots per episode; a user turn that no
+    longer fits ends its episode with status 'context_full'.
+    """
+
+    def __init__(self, pool: EnvPool, max_turns: int, *, sampler, chat: ChatFormat,
+                 decoding: Decoding, capacity: int, seed: int):
+        self.pool = pool
+        self.max_turns = max_turns
+        self.sampler = sampler
+        self.chat = chat
+        self.decoding = decoding
+        self.capacity = capacity
+        self.seed = seed
+        self.session = None
+        self.rows: dict[int, int] = {}  # episode handle -> row of the user session
+        self.stopped: dict[int, bool] = {}  # row -> whether its last reply ended on EOS
+        self.user_turns = 0
+        self.finished: dict[int, StepResult] = {}  # episodes that ended on a user turn at start
+
+    def reset_many(self, specs: Sequence) -> list[EpisodeStart]:
+        """Start the episodes and play each user's first message (to the agent's greeting)."""
+        by_turns: dict[int, list[int]] = {}
+        for i, spec in enumerate(specs):
+            by_turns.setdefault(spec.max_turns or self.max_turns, []).append(i)
+        started: list[StepResult] = [None] * len(specs)  # type: ignore[list-item]
+        for turns, indices in by_turns.items():
+            results = self.pool.start_many([(specs[i].code, specs[i].seed) for i in indices],
+                                           max_turns=turns)
+            for i, result in zip(indices, results, strict=True):
+                started[i] = result
+        prompts = []
+        for row, result in enumerate(started):
+            info = result.info if result.ok and isinstance(result.info, dict) else {}
+            if result.ok and info.get("to") != TO_USER:
+                raise ValueError(f"{specs[row].env_id}: its reset must address the user "
+                                 f"(info['to'] == 'user'), got {info.get('to')!r}")
+            messages = [{"role": "system", "content": info.get("user_system_prompt", "")},
+                        {"role": "user", "content": result.observation or " "}]
+            prompts.append(self.chat.prompt(messages, tools=info.get("user_tools")))
+            self.rows[result.handle] = row
+            self.stopped[row] = True
+        self.session = self.sampler.start(prompts, capacity=self.capacity)
+        firsts = self._answer({r.handle: r for r in started if r.ok}, first=True)
+        starts = []
+        for result in started:
+            info = result.info if isinstance(result.info, dict) else {}
+            first = firsts.get(result.handle, result)
+            if first.ok and first.done:
+                self.finished[result.handle] = first
+            tools = info.get("tools")
+            starts.append(EpisodeStart(
+                result.handle, first.ok, first.status, first.observation, None,
+                first.error, tools=tools if isinstance(tools, list) else None,
+                system_prompt=info.get("agent_system_prompt")))
+        return starts
+
+    def step_many(self, handles_and_actions) -> list[StepResult]:
+        """Step the agents' actions; answer every observation addressed to the user."""
+        pairs = [(h, a) for h, a in handles_and_actions if h not in self.finished]
+        results = dict(zip([h for h, _ in pairs], self.pool.step_many(pairs), strict=True))
+        results.update(self._answer(results))
+        return [self.finished.pop(h) if h in self.finished else results[h]
+                for h, _ in handles_and_actions]
+
+    def close_many(self, handles) -> None:
+        for handle in handles:
+            self.pool.close(handle)
+
+    def _answer(self, results: dict[int, StepResult], first: bool = False
+                ) -> dict[int, StepResult]:
+        """Play user turns until every episode's observation is for the agent (or it ended)."""
+        waiting = {h: r for h, r in results.items() if _for_user(r)}
+        answered: dict[int, StepResult] = {}
+        while waiting:
+            if not first:
+                waiting, full = self._append_user_turns(waiting)
+                answered.update(full)
+            first = False
+            if not waiting:
+                break
+            active = [False] * len(self.session.sequences)
+            for handle in waiting:
+                active[self.rows[handle]] = True
+            outputs = self.session.decode(
+                self.decoding.max_new_tokens, **self.decoding.decode_kwargs(),
+                stop_token_ids=[self.chat.eos_id],
+                seed=derive_seed(self.seed, "user", self.user_turns), active=active)
+            self.user_turns += 1
+            replies = []
+            for handle in waiting:
+                output = outputs[self.rows[handle]]
+                self.stopped[self.rows[handle]] = output.stopped
+                replies.append((handle, self.chat.tokenizer.decode(
+                    output.tokens, skip_special_tokens=True)))
+            stepped = self.pool.step_many(replies)
+            waiting = {}
+            for result in stepped:
+                if _for_user(result):
+                    waiting[result.handle] = result
+                else:
+                    answered[result.handle] = result
+        return answered
+
+    def _append_user_turns(self, waiting: dict[int, StepResult]
+                           ) -> tuple[dict[int, StepResult], dict[int, StepResult]]:
+        """Append each observation to its user conversation: (still waiting, ended as full)."""
+        turns: list[list[int] | None] = [None] * len(self.session.sequences)
+        for handle, result in waiting.items():
+            row = self.rows[handle]
+            tool = isinstance(result.info, dict) and bool(result.info.get(TOOL_RESULTS))
+            turns[row] = self.chat.observation_turn(result.observation or " ",
+                                                    self.stopped[row], tool=tool)
+        free = self.session.free_slots
+        full = {}
+        for handle in list(waiting):
+            row = self.rows[handle]
+            if len(turns[row]) + self.decoding.max_new_tokens > free[row]:
+                turns[row] = None
+                full[handle] = dataclasses.replace(waiting.pop(handle), status=CONTEXT_FULL)
+        if any(t is not None for t in turns):
+            self.session.append(turns)
+        return waiting, full
+
+
+def _for_user(result: StepResult) -> bool:
+    return (result.ok and not result.done and isinstance(result.info, dict)
+            and result.info.get("to") == TO_USER)

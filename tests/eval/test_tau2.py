@@ -1,0 +1,257 @@
+"""τ²-bench: tasks from a clone, the two-speaker conversation, τ²'s scoring, the user runner.
+
+The clone is `fixtures/tau2-bench`, a tiny domain ("tiny": get_order, cancel_order over two
+orders; tasks "cancel" and "status") written for these tests with the interface of
+tau2-bench's domains. Agent and user messages are scripted.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spade_jax.envs import StepResult
+from spade_jax.errors import MissingFileError
+from spade_jax.eval import tau2, tau2_env
+from spade_jax.eval.simulated_user import UserSimulatorRunner
+from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeSpec, play_episodes
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _call(name, **arguments):
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def _env(task_id, trials=1, max_steps=50):
+    tasks = tau2.tau2_tasks(FIXTURES, trials, max_steps=max_steps, max_turns=max_steps,
+                            domains=("tiny",))
+    task = next(t for t in tasks if t.task_id == f"tau2/tiny/{task_id}")
+    return task.make_local()
+
+
+def _play(env, messages):
+    """Reset, then step each message; the last step's result."""
+    env.reset()
+    result = None
+    for message in messages:
+        result = env.step(message)
+        if result[2] or result[3]:
+            break
+    return result
+
+
+CANCEL_WELL = [
+    "Hi, I want to cancel order #1, I no longer need it.",               # user
+    _call("get_order", order_id="#1"),                                    # agent
+    _call("cancel_order", order_id="#1", reason="no longer needed"),     # agent
+    "Done: order #1 is now cancelled.",                                   # agent
+    "Thanks! ###STOP###",                                                 # user
+]
+
+
+def test_tasks_are_the_split_times_trials_with_the_domain_as_category():
+    tasks = tau2.tau2_tasks(FIXTURES, 3, max_steps=40, max_turns=30, domains=("tiny",))
+    assert [(t.task_id, t.seed) for t in tasks] == [
+        (f"tau2/tiny/{i}", s) for i in ("cancel", "status") for s in range(3)]
+    assert {(t.suite, t.category, t.max_turns) for t in tasks} == {("tau2", "tiny", 30)}
+    train = tau2.tau2_tasks(FIXTURES, 1, max_steps=40, max_turns=30, domains=("tiny",),
+                            split="train")
+    assert [t.task_id for t in train] == ["tau2/tiny/cancel"]
+    with pytest.raises(ValueError, match="no split 'small'"):
+        tau2.tau2_tasks(FIXTURES, 1, max_steps=40, max_turns=30, domains=("tiny",),
+                        split="small")
+
+
+def test_a_missing_clone_or_file_is_an_error_naming_the_path(tmp_path):
+    with pytest.raises(MissingFileError, match="--data_dir was not given"):
+        tau2.tau2_tasks(None, 1, max_steps=10, max_turns=10)
+    with pytest.raises(MissingFileError, match=f"{tmp_path}/tau2-bench"):
+        tau2.tau2_tasks(tmp_path, 1, max_steps=10, max_turns=10)
+    shutil.copytree(FIXTURES / "tau2-bench", tmp_path / "tau2-bench")
+    (tmp_path / "tau2-bench/data/tau2/domains/tiny/tasks.json").unlink()
+    with pytest.raises(MissingFileError, match="tau2-bench/data/tau2/domains/tiny/tasks.json"):
+        tau2.tau2_tasks(tmp_path, 1, max_steps=10, max_turns=10, domains=("tiny",))
+    # the real domains name their own files (the fixture clone has no retail code or data)
+    with pytest.raises(MissingFileError, match="src/tau2/domains/retail/environment.py"):
+        tau2.tau2_tasks(FIXTURES, 1, max_steps=10, max_turns=10)
+
+
+def test_reset_greets_the_user_with_both_system_prompts_and_the_agent_tools():
+    env = _env("cancel")
+    observation, info = env.reset()
+    assert observation == tau2_env.FIRST_AGENT_MESSAGE and info["to"] == "user"
+    assert [t["function"]["name"] for t in info["tools"]] == ["get_order", "cancel_order"]
+    assert info["user_tools"] is None
+    assert "<policy>\n# Tiny order desk policy" in info["agent_system_prompt"]
+    user_prompt = info["user_system_prompt"]
+    assert user_prompt.startswith("# Test user guidelines\nYou are a customer. End with")
+    assert "Persona:\n\tBrief and polite.\nInstructions:\n\tDomain: tiny\n\tReason for call:\n" \
+           "\t\tCancel order #1; you no longer need it.\n\tKnown info:\n\t\tYour order is #1." \
+           in user_prompt
+    assert "Unknown info" not in user_prompt
+
+
+def test_the_conversation_alternates_and_the_right_actions_score_one():
+    env = _env("cancel")
+    env.reset()
+    observation, reward, terminated, truncated, info = env.step(CANCEL_WELL[0])
+    assert (observation, info["to"]) == (CANCEL_WELL[0], "agent")  # the user's words, to agent
+    observation, *_, info = env.step(CANCEL_WELL[1])
+    assert info["to"] == "agent" and info["tool_results"]
+    assert json.loads(observation[len("<tool_response>"):-len("</tool_response>")]) == {
+        "name": "get_order", "content": json.dumps(
+            {"order_id": "#1", "status": "pending", "item": "kettle"})}
+    env.step(CANCEL_WELL[2])
+    observation, reward, terminated, truncated, info = env.step(CANCEL_WELL[3])
+    assert (observation, info["to"], terminated) == (CANCEL_WELL[3], "user", False)
+    observation, reward, terminated, truncated, info = env.step(CANCEL_WELL[4])
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["reward_breakdown"] == {"DB": 1.0, "COMMUNICATE": 1.0}
+    assert info["termination"] == "user_stop"
+
+
+@pytest.mark.parametrize("messages, breakdown", [
+    # another reason leaves another database than the gold actions do
+    ([*CANCEL_WELL[:2], _call("cancel_order", order_id="#1", reason="changed my mind"),
+      *CANCEL_WELL[3:]], {"DB": 0.0, "COMMUNICATE": 1.0}),
+    # nothing cancelled
+    ([CANCEL_WELL[0], CANCEL_WELL[1], CANCEL_WELL[3], CANCEL_WELL[4]],
+     {"DB": 0.0, "COMMUNICATE": 1.0}),
+    # the right database, but the agent never says "cancelled"
+    ([*CANCEL_WELL[:3], "All done, order #1 is handled.", CANCEL_WELL[4]],
+     {"DB": 1.0, "COMMUNICATE": 0.0}),
+])
+def test_a_wrong_database_or_a_missing_communication_scores_zero(messages, breakdown):
+    _, reward, terminated, _, info = _play(_env("cancel"), messages)
+    assert terminated and reward == 0.0 and info["reward_breakdown"] == breakdown
+
+
+def test_initial_state_env_assertions_and_action_checks():
+    env = _env("status")
+    ask = "Is order #2 pending?"
+    _, reward, terminated, _, info = _play(
+        env, [ask, _call("get_order", order_id="#2"), "Yes, #2 is pending.", "###STOP###"])
+    assert (reward, terminated) == (1.0, True)  # the initialization data made #2 pending
+    assert info["reward_breakdown"] == {"DB": 1.0, "ENV_ASSERTION": 1.0, "ACTION": 1.0,
+                                        "nl_assertions_unjudged": True}
+    _, reward, _, _, info = _play(env, [ask, "It is pending.", "###STOP###"])
+    assert reward == 0.0 and info["reward_breakdown"]["ACTION"] == 0.0
+
+
+@pytest.mark.parametrize("message, reason", [
+    ("Let me check. " + _call("get_order", order_id="#1"), "not both"),
+    ("<think>hmm</think>  ", "empty message"),
+    ("<tool_call>{not json}</tool_call>", "invalid tool call JSON"),
+])
+def test_a_malformed_agent_message_ends_the_episode_with_nothing(message, reason):
+    _, reward, terminated, truncated, info = _play(_env("cancel"), [CANCEL_WELL[0], message])
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    assert info["termination"].startswith("agent_error") and reason in info["termination"]
+
+
+def test_step_and_error_limits_end_the_episode():
+    env = _env("cancel", max_steps=6)
+    env.reset()
+    results = [env.step(m) for m in ["hi", "Hello, how can I help?", "cancel #1", "Which one?"]]
+    assert not any(r[3] for r in results)
+    assert env.step("order #1")[4].get("termination") == "max_steps"
+    env = _env("cancel")
+    env.reset()
+    env.step("hi")
+    for _ in range(tau2_env.DEFAULT_MAX_ERRORS - 1):
+        observation, *_, truncated, info = env.step(_call("get_order", order_id="#9"))
+        assert "Error: order #9 not found" in observation and not truncated
+    assert env.step(_call("get_order", order_id="#9"))[4]["termination"] == "too_many_errors"
+
+
+def test_solution_replays_the_gold_agent_actions():
+    env = _env("cancel")
+    env.reset()
+    env.step(CANCEL_WELL[0])
+    for block in env.solution().split("\n"):
+        assert env.step(block)[4]["to"] == "agent"
+    assert env.score() == (0.0, {"DB": 1.0, "COMMUNICATE": 0.0})  # nothing said yet
+
+
+# -- the rollout with the simulated user's runner: local environments, scripted model ---------
+
+
+class LocalPool:
+    """EnvPool's start/step/close over `make_local` environments (trusted scripted actions)."""
+
+    def __init__(self, tasks):
+        self.tasks = {task.code: task for task in tasks}
+        self.envs = {}
+
+    def start_many(self, specs, max_turns=None):
+        results = []
+        for code, seed in specs:
+            handle = len(self.envs)
+            self.envs[handle] = self.tasks[code].make_local()
+            observation, info = self.envs[handle].reset(seed=seed)
+            results.append(StepResult(handle, "ok", observation, info=info))
+        return results
+
+    def step_many(self, pairs):
+        return [StepResult(h, "ok", *self.envs[h].step(a)) for h, a in pairs]
+
+    def close(self, handle):
+        self.envs.pop(handle)
+
+
+class ScriptedModel:
+    """The sampler both parties share: each row's next line of the agent's or the user's
+    script (the user's conversation is the one whose prompt holds the user guidelines)."""
+
+    def __init__(self, tokenizer, agent_lines, user_lines):
+        self.tokenizer = tokenizer
+        self.lines = {"agent": agent_lines, "user": user_lines}
+        self.said = {}
+
+    def answer(self, prompt, row, seed):
+        party = "user" if "# Test user guidelines" in prompt else "agent"
+        turn = self.said[party, row] = self.said.get((party, row), -1) + 1
+        return self.lines[party][row][turn]
+
+    def start(self, prompts, *, capacity):
+        from tests.loop.pin import ScriptedSession
+
+        return ScriptedSession(self.tokenizer, self.answer, prompts, capacity)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from spade_jax.weights.gguf import smollm2_gguf_path
+    from spade_jax.weights.tokenizer import load_tokenizer
+
+    return load_tokenizer(smollm2_gguf_path())
+
+
+def test_episodes_with_a_simulated_user_play_and_score_through_the_rollout(tokenizer):
+    chat = ChatFormat(tokenizer)
+    tasks = tau2.tau2_tasks(FIXTURES, 1, max_steps=50, max_turns=10, domains=("tiny",))
+    agent = [[_call("get_order", order_id="#1"),
+              _call("cancel_order", order_id="#1", reason="no longer needed"),
+              "Order #1 is cancelled."],
+             ["It is pending."]]  # never looked up: the ACTION check fails
+    user = [["Please cancel order #1, I no longer need it.", "Great. ###STOP###"],
+            ["Is #2 pending?", "ok ###STOP###"]]
+    model = ScriptedModel(tokenizer, agent, user)
+    runner = UserSimulatorRunner(LocalPool(tasks), 10, sampler=model, chat=chat,
+                                 decoding=Decoding(0.0, 1.0, 0, 64), capacity=4096, seed=0)
+    episodes = play_episodes(
+        [EpisodeSpec(t.task_id, t.code, t.seed) for t in tasks], sampler=model, envs=runner,
+        chat=chat, system_prompt=None, max_turns=10, decoding=Decoding(0.0, 1.0, 0, 64),
+        seed=0, capacity=4096)
+    assert [(e.episode_return, e.terminated, e.turns) for e in episodes] == [
+        (1.0, True, 3), (0.0, True, 1)]
+    agent_view = tokenizer.decode(episodes[0].tokens)
+    # the policy is the agent's system prompt; the user's first words its first message
+    assert agent_view.index("<policy>") < agent_view.index(user[0][0])
+    assert "Test user guidelines" not in agent_view
+    user_view = tokenizer.decode(runner.session.sequences[0])
+    assert "Cancel order #1; you no longer need it." in user_view  # the user's scenario
+    assert user_view.index(tau2_env.FIRST_AGENT_MESSAGE) < user_view.index(agent[0][2])
+    assert "cancel_order" not in user_view  # the agent's tool calls are not the user's to see
