@@ -136,8 +136,10 @@ def test_initial_state_env_assertions_and_action_checks():
     assert (reward, terminated) == (1.0, True)  # the initialization data made #2 pending
     assert info["reward_breakdown"] == {"DB": 1.0, "ENV_ASSERTION": 1.0, "ACTION": 1.0,
                                         "nl_assertions_unjudged": True}
-    _, reward, _, _, info = _play(env, [ask, "It is pending.", "###STOP###"])
-    assert reward == 0.0 and info["reward_breakdown"]["ACTION"] == 0.0
+    for agent_turns in ([], [_call("get_order", order_id="#1")]):  # no call; another order
+        _, reward, _, _, info = _play(env, [ask, *agent_turns, "It is pending.", "###STOP###"])
+        assert reward == 0.0 and info["reward_breakdown"]["ACTION"] == 0.0
+        assert info["reward_breakdown"]["DB"] == 1.0
 
 
 @pytest.mark.parametrize("message, reason", [
@@ -255,3 +257,32 @@ def test_episodes_with_a_simulated_user_play_and_score_through_the_rollout(token
     assert "Cancel order #1; you no longer need it." in user_view  # the user's scenario
     assert user_view.index(tau2_env.FIRST_AGENT_MESSAGE) < user_view.index(agent[0][2])
     assert "cancel_order" not in user_view  # the agent's tool calls are not the user's to see
+
+
+def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_path):
+    """The real path on the tiny random model: `tables.run_table` binds the clone read-only
+    into the sandbox and the policy's sampler plays the user; whatever it says, every episode
+    is played and scored into items.jsonl."""
+    import dataclasses
+
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.eval import report, runner, tables
+    from spade_jax.spade.runtime import Runtime
+
+    tasks = tau2.tau2_tasks(FIXTURES, 1, max_steps=8, max_turns=2, domains=("tiny",))
+    settings = tables.table_settings("rq2", "tau2.max_new_tokens=8")
+    settings["tau2"] = dataclasses.replace(settings["tau2"], user_decoding=runner.greedy(8))
+    rt = Runtime.create(parse(load_config_file("tiny")))
+    try:
+        with pytest.raises(ValueError, match="need user_decoding"):
+            runner.evaluate(rt, tasks, tmp_path, decoding=runner.greedy(8), progress=False)
+        table = tables.run_table(rt, "rq2", {"tau2": tasks}, settings, tmp_path,
+                                 data_dir=FIXTURES)
+    finally:
+        rt.close()
+    rows = report.read_jsonl(tmp_path / "tau2" / report.ITEMS_FILE)
+    assert sorted((r["task_id"], r["category"]) for r in rows) == [
+        ("tau2/tiny/cancel", "tiny"), ("tau2/tiny/status", "tiny")]
+    # started in the sandbox (a worker that cannot import the domain crashes the episode)
+    assert all(r["info"]["status"] != "crashed" and r["n_steps"] >= 1 for r in rows), rows
+    assert table["values"]["Tau2-Retail"]["episodes"] == 0  # "tiny" is no column of the table
