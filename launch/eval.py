@@ -8,7 +8,7 @@
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq1 \
         --data_dir=data/ --out=runs/rq1/trained   # the paper's RQ1 table, reference settings
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq2 \
-        --out=runs/rq2/trained                    # RQ2: BFCL-v4 overall (tau2, ACEBench: not yet)
+        --data_dir=data/ --out=runs/rq2/trained   # RQ2: BFCL-v4, tau2 (data/tau2-bench clone)
 
 Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
 category and the suite mean; with and without hints where the environment defines one) under

@@ -9,8 +9,9 @@ Every suite's settings live in `SUITE_SETTINGS`, read from the reference's
 `eval_offline/configs/games.yaml` (and the files it points at). A column is the fraction of a
 suite's episodes (all samples of all items) that scored full marks, over the episodes a
 column selects: this is the reference's mean over samples for AIME and GPQA (avg@n), pass@1
-for LiveCodeBench, and its episode-weighted win rate per bucket for reasoning-gym. BFCL-v4 is
-its own overall score over the categories' accuracies (`bfcl.v4_overall_accuracy`).
+for LiveCodeBench, its episode-weighted win rate per bucket for reasoning-gym, and pass@1 per
+domain for τ²-bench (successful simulations over tasks × trials). BFCL-v4 is its own overall
+score over the categories' accuracies (`bfcl.v4_overall_accuracy`).
 """
 
 from __future__ import annotations
