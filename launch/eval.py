@@ -65,6 +65,9 @@ _DATA_DIR = flags.DEFINE_string(
 _TABLE_SETTINGS = flags.DEFINE_string(
     "table_settings", "", "Overrides of suite settings: suite.field=value,... "
     "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns).")
+_USER_MODEL = flags.DEFINE_string(
+    "user_model", None, "Model playing the simulated users of --table suites (tau2): a name, "
+    "HF dir or .gguf; default: the policy evaluated.")
 _UNSAFE = flags.DEFINE_bool(
     "allow_unsafe_sandbox", False,
     "Run benchmark code even if only rlimits (no bubblewrap/seccomp) are available.")
@@ -130,8 +133,12 @@ def main(argv):
                 sys.exit(f"error: {err}")
             logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
         if _TABLE.value:
+            from spade_jax.eval.simulated_user import load_user_model
+
+            user_model = load_user_model(rt, _USER_MODEL.value) if _USER_MODEL.value else None
             tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
-                             data_dir=_DATA_DIR.value, batch_size=_BATCH.value, seed=cfg.seed)
+                             data_dir=_DATA_DIR.value, batch_size=_BATCH.value, seed=cfg.seed,
+                             user_model=user_model)
         else:
             decoding = dataclasses.replace(
                 runner.greedy(_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens),

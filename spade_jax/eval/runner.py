@@ -28,7 +28,7 @@ from tqdm import tqdm
 from spade_jax.envs.lint import parse_source
 from spade_jax.eval import report
 from spade_jax.eval.games import named_game_tasks
-from spade_jax.eval.simulated_user import UserSimulatorRunner
+from spade_jax.eval.simulated_user import UserModel, UserSimulatorRunner
 from spade_jax.eval.suites import build_eval_tasks
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
@@ -137,6 +137,7 @@ def evaluate(
     decoding: Decoding,
     sandbox: Mapping[str, Any] | None = None,
     user_decoding: Decoding | None = None,
+    user_model: UserModel | None = None,
     batch_size: int = 16,
     with_hints: bool = True,
     resume: bool = True,
@@ -151,7 +152,7 @@ def evaluate(
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
     hosts of a run). Every agent turn samples with `decoding`; the simulated user of
-    `SIMULATED_USER_SUITES` (the policy's own sampler) with `user_decoding`.
+    `SIMULATED_USER_SUITES` with `user_decoding`, by `user_model` (None: the policy).
     """
     if user_decoding is None and any(t.suite in SIMULATED_USER_SUITES for t in tasks):
         raise ValueError(f"suites {SIMULATED_USER_SUITES} need user_decoding for their "
@@ -175,7 +176,8 @@ def evaluate(
                unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
-            played = _play(rt, pool, batch, decoding, user_decoding, seed=seed)
+            played = _play(rt, pool, batch, decoding, user_decoding,
+                           user_model or UserModel(rt.sampler, rt.chat), seed=seed)
             rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
                     for (task, hint), episode in zip(batch, played, strict=True)]
             if items is not None:
@@ -283,15 +285,16 @@ def _system_prompt(task: EvalTask) -> str | None:
     return game_type.agent_system_prompt
 
 
-def _play(rt, pool, batch, decoding: Decoding, user_decoding: Decoding | None, *,
-          seed: int) -> list[Episode]:
+def _play(rt, pool, batch, decoding: Decoding, user_decoding: Decoding | None,
+          user_model: UserModel, *, seed: int) -> list[Episode]:
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
     capacity = conversation_capacity(turns, decoding.max_new_tokens,
                                      rt.run.sampling.max_context)
     if batch[0][0].suite in SIMULATED_USER_SUITES:
-        envs = UserSimulatorRunner(pool, turns, sampler=rt.sampler, chat=rt.chat,
+        envs = UserSimulatorRunner(pool, turns, sampler=user_model.sampler,
+                                   chat=user_model.chat,
                                    decoding=user_decoding, seed=seed,
                                    capacity=conversation_capacity(
                                        turns, user_decoding.max_new_tokens,

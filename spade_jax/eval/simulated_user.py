@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from spade_jax.envs import EnvPool, StepResult
 from spade_jax.envs.tool_use import TOOL_RESULTS
@@ -22,6 +23,26 @@ from spade_jax.spade.rollout import ChatFormat, Decoding
 
 TO_AGENT, TO_USER = "agent", "user"
 CONTEXT_FULL = "context_full"
+
+
+@dataclasses.dataclass(frozen=True)
+class UserModel:
+    """The model that plays the simulated users: a sampler and its tokenizer's chat format."""
+
+    sampler: Any
+    chat: ChatFormat
+
+
+def load_user_model(rt, source: str) -> UserModel:
+    """A model other than the policy for the simulated users: `source` as `model.source` takes
+    it (a name, an HF directory or a .gguf file), on the policy's mesh, in its compute dtype."""
+    from spade_jax.sampling import Sampler
+    from spade_jax.spade.runtime import load_model_and_tokenizer
+
+    run = dataclasses.replace(rt.run, model=dataclasses.replace(rt.run.model, source=source))
+    model, tokenizer = load_model_and_tokenizer(run, rt.mesh)
+    return UserModel(Sampler(model, mesh=rt.mesh, compute_dtype=run.model.compute_dtype),
+                     ChatFormat(tokenizer))
 
 
 class UserSimulatorRunner:

@@ -252,11 +252,12 @@ def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
 
 def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[str, SuiteSettings],
               out_dir: str | Path, *, data_dir: str | Path | None = None, batch_size: int = 16,
-              seed: int = 0) -> dict:
+              seed: int = 0, user_model=None) -> dict:
     """Play each suite's tasks with its settings into `out_dir/<suite>` (resumable); the table.
 
     `tasks` is `table_tasks(...)` of the same `data_dir`; `rt` a `spade.runtime.Runtime` (see
-    `runner.evaluate`).
+    `runner.evaluate`); `user_model` plays simulated users (`simulated_user.UserModel`; None:
+    the policy).
     """
     from spade_jax.eval import runner
 
@@ -267,7 +268,7 @@ def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[s
             sandbox["read_only_paths"] = tau2.sandbox_paths(data_dir)
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
                         decoding=settings[suite].decoding, sandbox=sandbox,
-                        user_decoding=settings[suite].user_decoding,
+                        user_decoding=settings[suite].user_decoding, user_model=user_model,
                         with_hints=False, seed=seed)
     return write_table(out_dir, table, settings)
 

@@ -14,7 +14,7 @@ import pytest
 from spade_jax.envs import StepResult
 from spade_jax.errors import MissingFileError
 from spade_jax.eval import tau2, tau2_env
-from spade_jax.eval.simulated_user import UserSimulatorRunner
+from spade_jax.eval.simulated_user import UserModel, UserSimulatorRunner, load_user_model
 from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeSpec, play_episodes
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -278,8 +278,24 @@ def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_pat
             runner.evaluate(rt, tasks, tmp_path, decoding=runner.greedy(8), progress=False)
         table = tables.run_table(rt, "rq2", {"tau2": tasks}, settings, tmp_path,
                                  data_dir=FIXTURES)
+        # another model as the user: here a scripted one, whose conversation is the status
+        # task's right answer once the agent has spoken
+        user = ScriptedModel(rt.tokenizer, None, [["Cancel #1. ###STOP###"],
+                                                  ["Is #2 pending?", "###STOP###"]])
+        runner.evaluate(rt, tasks, tmp_path / "scripted_user", decoding=runner.greedy(8),
+                        user_decoding=runner.greedy(8), user_model=UserModel(user, rt.chat),
+                        sandbox={"read_only_paths": tau2.sandbox_paths(FIXTURES)},
+                        with_hints=False, progress=False)
+        other = load_user_model(rt, "random")
+        assert other.sampler is not rt.sampler and other.chat.eos_id == rt.chat.eos_id
     finally:
         rt.close()
+    scripted = report.read_jsonl(tmp_path / "scripted_user" / report.ITEMS_FILE)
+    # the scripted user answered both (the cancel task's user stopped before anything was
+    # done; the random agent cannot answer the status task right): both score 0
+    assert user.said[("user", 0)] == 0 and user.said[("user", 1)] in (0, 1)
+    assert {r["task_id"]: r["info"]["rewards"] for r in scripted} == {
+        "tau2/tiny/cancel": [0.0], "tau2/tiny/status": [0.0]}
     rows = report.read_jsonl(tmp_path / "tau2" / report.ITEMS_FILE)
     assert sorted((r["task_id"], r["category"]) for r in rows) == [
         ("tau2/tiny/cancel", "tiny"), ("tau2/tiny/status", "tiny")]
