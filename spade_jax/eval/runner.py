@@ -34,6 +34,7 @@ from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
 from spade_jax.spade.rollout import (
+    OBSERVATION_BUDGET,
     Decoding,
     Episode,
     EpisodeSpec,
@@ -138,6 +139,7 @@ def evaluate(
     sandbox: Mapping[str, Any] | None = None,
     user_decoding: Decoding | None = None,
     user_model: UserModel | None = None,
+    observation_tokens: int = OBSERVATION_BUDGET,
     batch_size: int = 16,
     with_hints: bool = True,
     resume: bool = True,
@@ -152,7 +154,8 @@ def evaluate(
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
     hosts of a run). Every agent turn samples with `decoding`; the simulated user of
-    `SIMULATED_USER_SUITES` with `user_decoding`, by `user_model` (None: the policy).
+    `SIMULATED_USER_SUITES` with `user_decoding`, by `user_model` (None: the policy). An
+    observation longer than about `observation_tokens` is cut.
     """
     if user_decoding is None and any(t.suite in SIMULATED_USER_SUITES for t in tasks):
         raise ValueError(f"suites {SIMULATED_USER_SUITES} need user_decoding for their "
@@ -177,7 +180,8 @@ def evaluate(
     try:
         for batch in _batches(pending, batch_size):
             played = _play(rt, pool, batch, decoding, user_decoding,
-                           user_model or UserModel(rt.sampler, rt.chat), seed=seed)
+                           user_model or UserModel(rt.sampler, rt.chat), observation_tokens,
+                           seed=seed)
             rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
                     for (task, hint), episode in zip(batch, played, strict=True)]
             if items is not None:
@@ -286,7 +290,7 @@ def _system_prompt(task: EvalTask) -> str | None:
 
 
 def _play(rt, pool, batch, decoding: Decoding, user_decoding: Decoding | None,
-          user_model: UserModel, *, seed: int) -> list[Episode]:
+          user_model: UserModel, observation_tokens: int, *, seed: int) -> list[Episode]:
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
@@ -304,7 +308,7 @@ def _play(rt, pool, batch, decoding: Decoding, user_decoding: Decoding | None,
     return play_episodes(
         specs, sampler=rt.sampler, envs=envs, chat=rt.chat,
         system_prompt=_system_prompt(batch[0][0]), max_turns=turns,
-        decoding=decoding, seed=seed, capacity=capacity)
+        decoding=decoding, seed=seed, capacity=capacity, max_observation_tokens=observation_tokens)
 
 
 def _episode_row(task: EvalTask, hint: bool, episode: Episode, tokenizer) -> dict:

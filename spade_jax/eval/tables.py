@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from spade_jax.eval import bfcl, report, rq1, tau2
-from spade_jax.spade.rollout import Decoding
+from spade_jax.spade.rollout import OBSERVATION_BUDGET, Decoding
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class SuiteSettings:
     sandbox: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # how the simulated user of a conversation suite samples (runner.SIMULATED_USER_SUITES)
     user_decoding: Decoding | None = None
+    # tokens of an observation the agent sees before it is cut (tool results, say)
+    observation_tokens: int = OBSERVATION_BUDGET
 
 
 SUITE_SETTINGS: dict[str, SuiteSettings] = {
@@ -78,6 +80,7 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
     "tau2": SuiteSettings(samples=4, max_turns=200, decoding=Decoding(
         temperature=0.0, top_p=0.8, top_k=20, max_new_tokens=16384),
         user_decoding=Decoding(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=2048),
+        observation_tokens=4096,  # a retail product's details alone run to 3.4 kB of JSON
         sandbox={"memory_bytes": 4 << 30, "cpu_seconds": 1800, "play_timeout_s": 1800.0,
                  "step_timeout_s": 60.0}),
     # tool_use.yaml suites.acebench: test_all, temperature 0.7, top_p 1.0, 16384 tokens,
@@ -269,6 +272,7 @@ def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[s
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
                         decoding=settings[suite].decoding, sandbox=sandbox,
                         user_decoding=settings[suite].user_decoding, user_model=user_model,
+                        observation_tokens=settings[suite].observation_tokens,
                         with_hints=False, seed=seed)
     return write_table(out_dir, table, settings)
 

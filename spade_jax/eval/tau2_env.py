@@ -240,12 +240,11 @@ class Tau2Env:
         breakdown = {}
         if basis & {"DB", "ENV_ASSERTION"}:
             gold = self._fresh_environment()
-            for action in actions:
+            for action in actions:  # as τ²'s replay: no tool sync between gold actions
                 try:
                     gold.make_tool_call(action["name"],
                                         requestor=action.get("requestor", "assistant"),
                                         **action.get("arguments", {}))
-                    gold.sync_tools()
                 except Exception:  # τ² logs a failing gold action and goes on
                     pass
             db_match = (gold.get_db_hash() == self.environment.get_db_hash()

@@ -15,7 +15,13 @@ from spade_jax.envs import StepResult
 from spade_jax.errors import MissingFileError
 from spade_jax.eval import tau2, tau2_env
 from spade_jax.eval.simulated_user import UserModel, UserSimulatorRunner, load_user_model
-from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeSpec, play_episodes
+from spade_jax.spade.rollout import (
+    OBSERVATION_BUDGET,
+    ChatFormat,
+    Decoding,
+    EpisodeSpec,
+    play_episodes,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -259,7 +265,7 @@ def test_episodes_with_a_simulated_user_play_and_score_through_the_rollout(token
     assert "cancel_order" not in user_view  # the agent's tool calls are not the user's to see
 
 
-def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_path):
+def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_path, monkeypatch):
     """The real path on the tiny random model: `tables.run_table` binds the clone read-only
     into the sandbox and the policy's sampler plays the user; whatever it says, every episode
     is played and scored into items.jsonl."""
@@ -272,6 +278,13 @@ def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_pat
     tasks = tau2.tau2_tasks(FIXTURES, 1, max_steps=8, max_turns=2, domains=("tiny",))
     settings = tables.table_settings("rq2", "tau2.max_new_tokens=8")
     settings["tau2"] = dataclasses.replace(settings["tau2"], user_decoding=runner.greedy(8))
+    cuts = []  # the observation budget of every rollout
+
+    def play(*args, **kwargs):
+        cuts.append(kwargs["max_observation_tokens"])
+        return play_episodes(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "play_episodes", play)
     rt = Runtime.create(parse(load_config_file("tiny")))
     try:
         with pytest.raises(ValueError, match="need user_decoding"):
@@ -302,3 +315,5 @@ def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_pat
     # started in the sandbox (a worker that cannot import the domain crashes the episode)
     assert all(r["info"]["status"] != "crashed" and r["n_steps"] >= 1 for r in rows), rows
     assert table["values"]["Tau2-Retail"]["episodes"] == 0  # "tiny" is no column of the table
+    assert cuts == [settings["tau2"].observation_tokens, OBSERVATION_BUDGET]
+    assert settings["tau2"].observation_tokens > OBSERVATION_BUDGET
