@@ -6,7 +6,9 @@ answer, and this runner answers them with its own model (by default the policy's
 in a second KV-cache session, one conversation per episode: the user's system prompt and
 tools from the environment's reset info, the agent's messages as the user model's incoming
 turns, its tool results as tool turns. The agent's system prompt and tools come from the
-same reset info (`EpisodeStart.system_prompt`, `EpisodeStart.tools`).
+same reset info (`EpisodeStart.system_prompt`, `EpisodeStart.tools`). An observation for
+the "judge" (τ²'s natural-language assertions) is answered by the same model, in a fresh
+conversation of the judge's system prompt and that observation.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from spade_jax.seeding import derive_seed
 from spade_jax.spade.envrunner import EpisodeStart
 from spade_jax.spade.rollout import ChatFormat, Decoding
 
-TO_AGENT, TO_USER = "agent", "user"
+TO_AGENT, TO_USER, TO_JUDGE = "agent", "user", "judge"
 CONTEXT_FULL = "context_full"
 
 
@@ -118,8 +120,10 @@ class UserSimulatorRunner:
 
     def _answer(self, results: dict[int, StepResult], first: bool = False
                 ) -> dict[int, StepResult]:
-        """Play user turns until every episode's observation is for the agent (or it ended)."""
-        waiting = {h: r for h, r in results.items() if _for_user(r)}
+        """Play user turns until every episode's observation is for the agent (or it ended);
+        then the judge's turn of those that ask for it."""
+        waiting = {h: r for h, r in results.items() if _addressed(r, TO_USER)}
+        judging = {h: r for h, r in results.items() if _addressed(r, TO_JUDGE)}
         answered: dict[int, StepResult] = {}
         while waiting:
             if not first:
@@ -145,11 +149,30 @@ class UserSimulatorRunner:
             stepped = self.pool.step_many(replies)
             waiting = {}
             for result in stepped:
-                if _for_user(result):
+                if _addressed(result, TO_USER):
                     waiting[result.handle] = result
+                elif _addressed(result, TO_JUDGE):
+                    judging[result.handle] = result
                 else:
                     answered[result.handle] = result
+        if judging:
+            answered.update(self._judge(judging))
         return answered
+
+    def _judge(self, judging: dict[int, StepResult]) -> dict[int, StepResult]:
+        """Each judge prompt answered in a conversation of its own; the environments' results."""
+        prompts = [self.chat.prompt([
+            {"role": "system", "content": result.info.get("judge_system_prompt", "")},
+            {"role": "user", "content": result.observation}]) for result in judging.values()]
+        # a prompt over the user conversation's capacity is refused: no verdict, assertions fail
+        session = self.sampler.start(prompts, capacity=min(
+            self.capacity, max(map(len, prompts)) + self.decoding.max_new_tokens + 1))
+        outputs = session.decode(self.decoding.max_new_tokens, **self.decoding.decode_kwargs(),
+                                 stop_token_ids=[self.chat.eos_id],
+                                 seed=derive_seed(self.seed, "judge", self.user_turns))
+        verdicts = [(handle, self.chat.tokenizer.decode(output.tokens, skip_special_tokens=True))
+                    for handle, output in zip(judging, outputs, strict=True)]
+        return {result.handle: result for result in self.pool.step_many(verdicts)}
 
     def _append_user_turns(self, waiting: dict[int, StepResult]
                            ) -> tuple[dict[int, StepResult], dict[int, StepResult]]:
@@ -172,6 +195,6 @@ class UserSimulatorRunner:
         return waiting, full
 
 
-def _for_user(result: StepResult) -> bool:
+def _addressed(result: StepResult, party: str) -> bool:
     return (result.ok and not result.done and isinstance(result.info, dict)
-            and result.info.get("to") == TO_USER)
+            and result.info.get("to") == party)

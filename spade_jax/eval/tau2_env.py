@@ -24,9 +24,12 @@ then scored as τ²'s evaluator does, the product over the task's `reward_basis`
 agent's and user's database hashes equal those after replaying the gold actions on a fresh
 environment), ENV_ASSERTION (each assertion holds on the final environment), ACTION (each gold
 action matches a call made, on its `compare_args`), COMMUNICATE (each `communicate_info` string
-appears in an agent message, case-folded, commas removed). NL_ASSERTION needs an LLM judge,
-which is not played here: such tasks are scored on their other bases and marked
-`info["nl_assertions_unjudged"]`.
+appears in an agent message, case-folded, commas removed) and NL_ASSERTION (a judge model,
+shown τ²'s judge prompt with the conversation and the task's assertions, says every one is
+met). For the last, the observation after the user's stop is the judge's prompt (`info["to"]
+== "judge"`, its system prompt in `info["judge_system_prompt"]`) and the next action its
+verdict: JSON `{"results": [{"metExpectation": true|false, ...}, ...]}`, read from the first
+`{` to the last `}` (an unreadable verdict fails the assertions).
 """
 
 import copy
@@ -53,6 +56,31 @@ AGENT_SYSTEM_PROMPT = (
 USER_SYSTEM_PROMPT = "{guidelines}\n\n<scenario>\n{scenario}\n</scenario>"
 USER_GUIDELINES = "data/tau2/user_simulator/simulation_guidelines{suffix}.md"
 PERSONA_PLACEHOLDER = "<PERSONA_GUIDELINES>"
+# τ²'s NL-assertion judge (evaluator_nl_assertions.py), its prompts' text
+JUDGE_SYSTEM_PROMPT = """TASK
+- You will be given a list of expected outcomes and a conversation that was collected during \
+a test case run.
+- The conversation is between an agent and a customer.
+- Your job is to evaluate whether the agent satisfies each of the expected outcomes.
+- Grade each expected outcome individually.
+
+FORMAT
+- Your response should be a JSON object with the following fields:
+- `reasoning`: a short explanation for your classification
+- `metExpectation`: `true` if the agent satisfies the expected outcomes, `false` otherwise
+- `expectedOutcome`: repeat the expectation from the input that you are grading
+
+Example response structure:
+{
+    "results": [
+        {
+            "expectedOutcome": "<one of the expected outcomes from the input>",
+            "reasoning": "<reasoning trace>",
+            "metExpectation": <false or true>,
+        }
+    ]
+}"""
+JUDGE_USER_PROMPT = "conversation:\n{conversation}\n\nexpectedOutcomes:\n{assertions}"
 DEFAULT_MAX_STEPS = 200
 DEFAULT_MAX_ERRORS = 10  # τ²'s orchestrator default
 
@@ -139,6 +167,17 @@ def action_matches(action, name, arguments):
             == {k: v for k, v in action.get("arguments", {}).items() if k in keys})
 
 
+def judged_met(verdict):
+    """Whether a judge's verdict says every assertion is met (τ²: all of its "results"; an
+    unreadable verdict: False)."""
+    text = _THINK.sub("", str(verdict))
+    try:
+        results = json.loads(text[text.index("{"):text.rindex("}") + 1])["results"]
+        return all(bool(result["metExpectation"]) for result in results)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def communicated(info, agent_messages):
     """Whether `info` appears in an agent message (case-folded, commas removed), as τ²."""
     return any(info.lower() in message.lower().replace(",", "") for message in agent_messages)
@@ -168,6 +207,8 @@ class Tau2Env:
         self.environment = self._fresh_environment()
         self.calls = []  # (requestor, name, arguments) of every tool call made
         self.agent_messages = []
+        self.trajectory = [("assistant", FIRST_AGENT_MESSAGE)]  # (role, content) as τ² logs
+        self.pending_score = None  # (reward, breakdown) while the judge is asked
         self.steps = 1  # the greeting
         self.errors = 0
         self.finished = False
@@ -191,13 +232,17 @@ class Tau2Env:
         """The message of whoever `info["to"]` of the last observation named."""
         if self.finished:
             raise RuntimeError("step() after the episode ended; call reset()")
+        if self.to == "judge":
+            return self._judged(action)
         speaker = "assistant" if self.to == "agent" else "user"
         self.steps += 1
         calls, content, error = parse_message(action)
         if error:
             return self._end(f"{'agent' if speaker == 'assistant' else 'user'}_error: {error}")
+        self.trajectory.append((speaker, None if calls else content))
         if calls:
             results = [self._call(speaker, name, arguments) for name, arguments in calls]
+            self.trajectory += [("tool", output) for output in results]
             self.steps += 1
             if self.errors >= self.max_errors:
                 return self._end("too_many_errors")
@@ -265,9 +310,20 @@ class Tau2Env:
         reward = 1.0
         for value in breakdown.values():
             reward *= value
-        if "NL_ASSERTION" in basis and criteria.get("nl_assertions"):
-            breakdown["nl_assertions_unjudged"] = True
         return reward, breakdown
+
+    def needs_judge(self):
+        """Whether the reward needs the judge: NL_ASSERTION in the basis, with assertions."""
+        criteria = self.task.get("evaluation_criteria") or {}
+        return ("NL_ASSERTION" in (criteria.get("reward_basis") or ())
+                and bool(criteria.get("nl_assertions")))
+
+    def judge_prompt(self):
+        """τ²'s judge prompt for this conversation and the task's NL assertions."""
+        conversation = "\n".join(f"{role}: {content}" for role, content in self.trajectory)
+        return JUDGE_USER_PROMPT.format(
+            conversation=conversation,
+            assertions=self.task["evaluation_criteria"]["nl_assertions"])
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -330,8 +386,20 @@ class Tau2Env:
         if reason != "user_stop":
             return "", 0.0, False, True, self._info(termination=reason, reward_breakdown={})
         reward, breakdown = self.score()
+        if self.needs_judge():
+            self.finished, self.to, self.pending_score = False, "judge", (reward, breakdown)
+            return self.judge_prompt(), 0.0, False, False, self._info(
+                judge_system_prompt=JUDGE_SYSTEM_PROMPT)
         return "", reward, True, False, self._info(termination=reason,
                                                    reward_breakdown=breakdown)
+
+    def _judged(self, verdict):
+        """The reward once the judge has given `verdict` on the NL assertions."""
+        reward, breakdown = self.pending_score
+        breakdown["NL_ASSERTION"] = 1.0 if judged_met(verdict) else 0.0
+        self.finished = True
+        return "", reward * breakdown["NL_ASSERTION"], True, False, self._info(
+            termination="user_stop", reward_breakdown=breakdown)
 
     def _info(self, **extra):
         return {"to": self.to, "task_id": self.task["id"], "steps": self.steps, **extra}

@@ -134,18 +134,43 @@ def test_a_wrong_database_or_a_missing_communication_scores_zero(messages, break
     assert terminated and reward == 0.0 and info["reward_breakdown"] == breakdown
 
 
+MET, NOT_MET = (json.dumps({"results": [{"expectedOutcome": "x", "reasoning": "y",
+                                          "metExpectation": verdict}]})
+                for verdict in (True, False))
+ASK_STATUS = ["Is order #2 pending?", _call("get_order", order_id="#2"), "Yes, #2 is pending.",
+              "###STOP###"]
+
+
 def test_initial_state_env_assertions_and_action_checks():
     env = _env("status")
-    ask = "Is order #2 pending?"
-    _, reward, terminated, _, info = _play(
-        env, [ask, _call("get_order", order_id="#2"), "Yes, #2 is pending.", "###STOP###"])
+    _, reward, terminated, _, info = _play(env, [*ASK_STATUS, MET])
     assert (reward, terminated) == (1.0, True)  # the initialization data made #2 pending
     assert info["reward_breakdown"] == {"DB": 1.0, "ENV_ASSERTION": 1.0, "ACTION": 1.0,
-                                        "nl_assertions_unjudged": True}
+                                        "NL_ASSERTION": 1.0}
     for agent_turns in ([], [_call("get_order", order_id="#1")]):  # no call; another order
-        _, reward, _, _, info = _play(env, [ask, *agent_turns, "It is pending.", "###STOP###"])
+        _, reward, _, _, info = _play(
+            env, [ASK_STATUS[0], *agent_turns, "It is pending.", "###STOP###", MET])
         assert reward == 0.0 and info["reward_breakdown"]["ACTION"] == 0.0
         assert info["reward_breakdown"]["DB"] == 1.0
+
+
+def test_the_judge_sees_the_conversation_and_its_verdict_gates_the_reward():
+    env = _env("status")
+    observation, reward, terminated, _, info = _play(env, ASK_STATUS)
+    assert (reward, terminated, info["to"]) == (0.0, False, "judge")
+    assert info["judge_system_prompt"] == tau2_env.JUDGE_SYSTEM_PROMPT
+    assert observation == (
+        "conversation:\nassistant: Hi! How can I help you today?\nuser: Is order #2 pending?\n"
+        "assistant: None\ntool: " + json.dumps({"order_id": "#2", "status": "pending",
+                                                "item": "lamp"})
+        + "\nassistant: Yes, #2 is pending.\nuser: ###STOP###\n\nexpectedOutcomes:\n"
+        "['The agent says the order is pending.']")
+    for verdict, expected in ((MET, 1.0), (NOT_MET, 0.0), ("<think>{</think> no JSON", 0.0),
+                              ("Sure: " + MET + " Done.", 1.0), ('{"results": "all"}', 0.0)):
+        _play(env, ASK_STATUS)
+        _, reward, terminated, _, info = env.step(verdict)
+        assert (reward, terminated) == (expected, True), verdict
+        assert info["reward_breakdown"]["NL_ASSERTION"] == expected
 
 
 @pytest.mark.parametrize("message, reason", [
@@ -213,13 +238,14 @@ class ScriptedModel:
     """The sampler both parties share: each row's next line of the agent's or the user's
     script (the user's conversation is the one whose prompt holds the user guidelines)."""
 
-    def __init__(self, tokenizer, agent_lines, user_lines):
+    def __init__(self, tokenizer, agent_lines, user_lines, judge_lines=((MET,),)):
         self.tokenizer = tokenizer
-        self.lines = {"agent": agent_lines, "user": user_lines}
+        self.lines = {"agent": agent_lines, "user": user_lines, "judge": judge_lines}
         self.said = {}
 
     def answer(self, prompt, row, seed):
-        party = "user" if "# Test user guidelines" in prompt else "agent"
+        party = ("judge" if "expectedOutcomes" in prompt else
+                 "user" if "# Test user guidelines" in prompt else "agent")
         turn = self.said[party, row] = self.said.get((party, row), -1) + 1
         return self.lines[party][row][turn]
 
@@ -243,10 +269,10 @@ def test_episodes_with_a_simulated_user_play_and_score_through_the_rollout(token
     agent = [[_call("get_order", order_id="#1"),
               _call("cancel_order", order_id="#1", reason="no longer needed"),
               "Order #1 is cancelled."],
-             ["It is pending."]]  # never looked up: the ACTION check fails
+             [_call("get_order", order_id="#2"), "It is pending."]]
     user = [["Please cancel order #1, I no longer need it.", "Great. ###STOP###"],
             ["Is #2 pending?", "ok ###STOP###"]]
-    model = ScriptedModel(tokenizer, agent, user)
+    model = ScriptedModel(tokenizer, agent, user, judge_lines=[[NOT_MET]])  # judges "status"
     runner = UserSimulatorRunner(LocalPool(tasks), 10, sampler=model, chat=chat,
                                  decoding=Decoding(0.0, 1.0, 0, 64), capacity=4096, seed=0)
     episodes = play_episodes(
@@ -254,7 +280,8 @@ def test_episodes_with_a_simulated_user_play_and_score_through_the_rollout(token
         chat=chat, system_prompt=None, max_turns=10, decoding=Decoding(0.0, 1.0, 0, 64),
         seed=0, capacity=4096)
     assert [(e.episode_return, e.terminated, e.turns) for e in episodes] == [
-        (1.0, True, 3), (0.0, True, 1)]
+        (1.0, True, 3), (0.0, True, 2)]
+    assert model.said[("judge", 0)] == 0  # asked once, on the status task alone
     agent_view = tokenizer.decode(episodes[0].tokens)
     # the policy is the agent's system prompt; the user's first words its first message
     assert agent_view.index("<policy>") < agent_view.index(user[0][0])
