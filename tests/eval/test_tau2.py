@@ -344,3 +344,16 @@ def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_pat
     assert table["values"]["Tau2-Retail"]["episodes"] == 0  # "tiny" is no column of the table
     assert cuts == [settings["tau2"].observation_tokens, OBSERVATION_BUDGET]
     assert settings["tau2"].observation_tokens > OBSERVATION_BUDGET
+
+
+def test_read_only_paths_are_bound_and_may_not_expose_host_secrets():
+    from spade_jax.envs.sandbox.isolation import SandboxConfig, bwrap_prefix
+
+    clone = str(FIXTURES / "tau2-bench")
+    config = SandboxConfig(read_only_paths=(clone,))
+    assert config.problems() == []
+    args = bwrap_prefix(config)
+    assert ["--ro-bind", clone, clone] in [args[i:i + 3] for i in range(len(args))]
+    for bad in ("/etc", "/", "relative/dir"):
+        assert "read_only_paths entry" in " ".join(SandboxConfig(read_only_paths=(bad,))
+                                                   .problems())
