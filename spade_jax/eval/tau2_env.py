@@ -83,6 +83,7 @@ Example response structure:
 JUDGE_USER_PROMPT = "conversation:\n{conversation}\n\nexpectedOutcomes:\n{assertions}"
 DEFAULT_MAX_STEPS = 200
 DEFAULT_MAX_ERRORS = 10  # τ²'s orchestrator default
+TOOL_RESULTS = "tool_results"  # the host's `envs.tool_use.TOOL_RESULTS`: a tool turn
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
@@ -250,7 +251,7 @@ class Tau2Env:
                 return self._end("max_steps")
             observation = "\n".join(_tool_response(name, output)
                                     for (name, _), output in zip(calls, results, strict=True))
-            return observation, 0.0, False, False, self._info(tool_results=True)
+            return observation, 0.0, False, False, self._info(**{TOOL_RESULTS: True})
         if speaker == "assistant":
             self.agent_messages.append(content)
             self.to = "user"
