@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from spade_jax.envs import StepResult
 from spade_jax.errors import MissingFileError
 from spade_jax.eval import acebench, acebench_env, tables
 from spade_jax.eval.acebench_env import USER_OPENING
@@ -249,6 +250,21 @@ def test_items_without_a_user_share_the_runner_with_those_that_have_one(tasks, c
                                 (starts[1].handle, "[turn_on_wifi()]")])
     assert (results[0].reward, results[0].terminated) == (1.0, True)
     assert results[1].observation.endswith("'Wi-Fi is on'}]")
+
+
+def test_a_user_turn_in_an_episode_that_started_with_the_agent_is_refused(chat):
+    class AgentFirstPool:
+        def start_many(self, specs, max_turns=None):
+            return [StepResult(0, "ok", "the task", info={"to": "agent"})]
+
+        def step_many(self, pairs):
+            return [StepResult(0, "ok", "for the user", info={"to": "user"})]
+
+    runner = user_runner(AgentFirstPool(), 2, ScriptedUser(chat.tokenizer, []), chat)
+    (start,) = runner.reset_many([EpisodeSpec("e", "code", 0)])
+    assert runner.session is None  # nobody to play: no user session
+    with pytest.raises(ValueError, match=r"episodes \[0\] address the user"):
+        runner.step_many([(start.handle, "hello")])
 
 
 def test_agent_items_play_inside_the_sandbox(tasks, chat):
