@@ -53,6 +53,11 @@ EXTRAS = {
         "tree-sitter-java==0.21.0",
         "tree-sitter-javascript==0.21.4",
     ],
+    # τ²-bench's domain code, imported from the user's clone (tau2-bench's own requirements
+    # that its domains and tools import; not its LLM clients): spade_jax/eval/tau2.py.
+    "tau2": ["pydantic>=2", "addict>=2.4", "loguru>=0.7.3", "deepdiff>=8.4.2",
+             "python-dotenv>=1.0", "docstring-parser>=0.16", "toml>=0.10.2", "pandas>=2.2",
+             "PyYAML>=6.0"],
     # Weights & Biases logging beside TensorBoard (--config.logging.wandb=True).
     "wandb": ["wandb>=0.18"],
     # Corpus source hf:OWNER/NAME (an HF Hub dataset in the local cache, read by datasets).

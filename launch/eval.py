@@ -8,7 +8,7 @@
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq1 \
         --data_dir=data/ --out=runs/rq1/trained   # the paper's RQ1 table, reference settings
     python launch/eval.py --config=configs/4b.py --checkpoint=runs/4b --table=rq2 \
-        --data_dir=data/ --out=runs/rq2/trained   # RQ2: BFCL-v4, ACEBench (tau2: not yet)
+        --data_dir=data/ --out=runs/rq2/trained   # RQ2: BFCL-v4, tau2, ACEBench (clones in data/)
 
 Writes `items.jsonl` (one row per episode), `summary.json` and `summary.md` (per suite, per
 category and the suite mean; with and without hints where the environment defines one) under
@@ -66,8 +66,8 @@ _TABLE_SETTINGS = flags.DEFINE_string(
     "table_settings", "", "Overrides of suite settings: suite.field=value,... "
     "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns).")
 _USER_MODEL = flags.DEFINE_string(
-    "user_model", None, "Model playing the simulated user of ACEBench's Agent dialogues (a "
-    "name, HF dir or .gguf, as --model); default: the evaluated policy itself.")
+    "user_model", None, "Model playing the simulated users of --table suites (tau2, ACEBench's "
+    "Agent dialogues): a name, HF dir or .gguf, as --model; default: the policy evaluated.")
 _UNSAFE = flags.DEFINE_bool(
     "allow_unsafe_sandbox", False,
     "Run benchmark code even if only rlimits (no bubblewrap/seccomp) are available.")
@@ -132,20 +132,19 @@ def main(argv):
             except (FileNotFoundError, CheckpointError) as err:
                 sys.exit(f"error: {err}")
             logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
-        user = None
-        if _USER_MODEL.value:
-            from spade_jax.eval.simulated_user import load_user
-
-            user = load_user(rt.run, rt.mesh, _USER_MODEL.value, seed=cfg.seed)
         if _TABLE.value:
+            from spade_jax.eval.simulated_user import load_user_model
+
+            user_model = load_user_model(rt, _USER_MODEL.value) if _USER_MODEL.value else None
             tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
-                             batch_size=_BATCH.value, seed=cfg.seed, user=user)
+                             data_dir=_DATA_DIR.value, batch_size=_BATCH.value, seed=cfg.seed,
+                             user_model=user_model)
         else:
             decoding = dataclasses.replace(
                 runner.greedy(_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens),
                 temperature=_TEMPERATURE.value)
             runner.evaluate(rt, tasks, _OUT.value, decoding=decoding, batch_size=_BATCH.value,
-                            with_hints=_HINTS.value, seed=cfg.seed, user=user)
+                            with_hints=_HINTS.value, seed=cfg.seed)
     finally:
         rt.close()
     if _TABLE.value:

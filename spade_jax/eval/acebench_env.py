@@ -14,11 +14,14 @@ it by ACEBench's rules (`model_eval/checker.py`, `eval_main.py`, `model_inferenc
 - Agent items ("agent_multi_step", "agent_multi_turn"): ACEBench's dialogue loop of at most
   `max_dialog_turns` messages between the agent, the scenario's API instances ("execution")
   and, for multi-turn, a simulated user. The scenario classes are the clone's own source,
-  passed in `scenario_sources` and executed here (so in the sandbox worker). A message for the
-  simulated user is not answered here: the step returns `AWAITING_USER` with
-  `info["user_request"]` (the user model's chat messages) and the next `step` action is the
-  user's reply (`simulated_user.SimulatedUserRunner` plays it). At the end the saved attributes
-  of the API instances must match the possible answer (`agent_state_verdict`).
+  passed in `scenario_sources` and executed here (so in the sandbox worker). Every observation
+  of an Agent item says whom it is for (`info["to"]`, the protocol of
+  `simulated_user.UserSimulatorRunner`, which plays the user): a multi-turn item's reset is
+  ACEBench's opening question for the user, with the user's system prompt
+  (`info["user_system_prompt"]`); an agent message that is not a call goes to the user, and
+  the next `step` action is the user's reply. A multi-step item has no user: everything is for
+  the agent. At the end the saved attributes of the API instances must match the possible
+  answer (`agent_state_verdict`).
 The reward is 1 when the item passes, else 0.
 """
 
@@ -34,11 +37,9 @@ import sys
 
 BOUND_KWARGS: dict = {}
 
-USER_REQUEST = "user_request"  # info key: chat messages the simulated user must answer
+TO_AGENT, TO_USER = "agent", "user"  # info["to"]: whom an Agent item's observation is for
 FINISH = "finish conversation"
 USER_OPENING = "Is there anything you need help with today?"
-# The observation of a step that asks the user (never shown to the agent: the runner answers).
-AWAITING_USER = "(the simulated user is to speak next)"
 # ACEBench's checker type names (model_eval/checker.py, PYTHON_TYPE_MAPPING); "enum" maps to a
 # type no value has, as there, so enum values are accepted whenever their type matches.
 TYPE_NAMES = {
@@ -461,13 +462,10 @@ class ACEBenchEnv:
         if self.category == "agent_multi_step":
             self.messages.append({"sender": "user", "recipient": "agent",
                                   "message": self.kwargs["question"]})
-            return self._agent_prompt("user:" + self.kwargs["question"]), info
-        self.user_chat = [
-            {"role": "system", "content": self.kwargs["user_prompt"].format(
-                instruction=self.kwargs["question"])},
-            {"role": "user", "content": USER_OPENING}]
+            return self._agent_prompt("user:" + self.kwargs["question"]), self._info()
         self.awaiting_user = True
-        return AWAITING_USER, {**info, USER_REQUEST: list(self.user_chat)}
+        return USER_OPENING, self._info(to=TO_USER, user_system_prompt=self.kwargs[
+            "user_prompt"].format(instruction=self.kwargs["question"]))
 
     def step(self, action):
         """Score a single reply, or play one agent (or simulated user) message."""
@@ -524,7 +522,6 @@ class ACEBenchEnv:
 
     def _user_message(self, reply):
         self.awaiting_user = False
-        self.user_chat.append({"role": "assistant", "content": reply})
         if not self.opened:  # the opening message, before ACEBench's loop
             self.opened = True
             return self._agent_prompt("user:" + reply), 0.0, False, False, self._info()
@@ -548,8 +545,7 @@ class ACEBenchEnv:
             label = "execution result:" if multi_step else "execution:"
             return label + str(results), 0.0, False, False, self._info()
         self.awaiting_user = True
-        self.user_chat.append({"role": "user", "content": _without_role(message)})
-        return AWAITING_USER, 0.0, False, False, self._info(**{USER_REQUEST: list(self.user_chat)})
+        return _without_role(message), 0.0, False, False, self._info(to=TO_USER)
 
     def _execute(self, message, multi_step):
         """Run the message's calls on the scenario instances; ACEBench's parsed results."""
@@ -587,7 +583,8 @@ class ACEBenchEnv:
         return "", reward, True, False, self._info(**verdict, messages=self.loop_index)
 
     def _info(self, **extra):
-        return {"item_id": self.item_id, **extra}
+        """The step's info: the item, for the agent unless `extra` says otherwise."""
+        return {"item_id": self.item_id, "to": TO_AGENT, **extra}
 
 
 def _decodes(message: str) -> bool:

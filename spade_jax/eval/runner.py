@@ -19,6 +19,7 @@ import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from etils import epath
@@ -27,12 +28,13 @@ from tqdm import tqdm
 from spade_jax.envs.lint import parse_source
 from spade_jax.eval import report
 from spade_jax.eval.games import named_game_tasks
-from spade_jax.eval.simulated_user import ModelUser, SimulatedUserRunner
+from spade_jax.eval.simulated_user import UserModel, UserSimulatorRunner
 from spade_jax.eval.suites import build_eval_tasks
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade import prompts
 from spade_jax.spade.envrunner import ENV_HINT, SandboxEnvRunner
 from spade_jax.spade.rollout import (
+    OBSERVATION_BUDGET,
     Decoding,
     Episode,
     EpisodeSpec,
@@ -51,9 +53,12 @@ SUITE_NAMES = {
     "games": "games",
 }
 TOOL_USE_SUITES = ("bfcl", "bfcl_v4")  # played with the tool-use agent prompt; the rest as games
-# Played with the benchmark's user message alone, as the reference's eval_offline suites do
-# (ACEBench's own system prompt is in its first observation).
-NO_SYSTEM_PROMPT_SUITES = ("aime", "gpqa_diamond", "livecodebench", "rg_hard", "acebench")
+# Played with the benchmark's user message alone, as the reference's eval_offline suites do.
+NO_SYSTEM_PROMPT_SUITES = ("aime", "gpqa_diamond", "livecodebench", "rg_hard")
+# Conversations with a simulated user (`simulated_user.UserSimulatorRunner`); their environments
+# give each episode's agent system prompt (τ²: in the reset info; ACEBench: in its first
+# observation, as the reference's eval_offline suites play it).
+SIMULATED_USER_SUITES = ("tau2", "acebench")
 SEED_GAMES = "seeds"  # the games suite from our (non-tool-use) seed environments
 EVAL_STEP_TIMEOUT_S = 10.0  # above the benchmarks' own limits (HumanEval runs tests for 3 s)
 REPLY_CHARS = 2000  # characters kept per agent reply in items.jsonl
@@ -132,13 +137,15 @@ def evaluate(
     out_dir: str | Path | None,
     *,
     decoding: Decoding,
-    sandbox: Mapping[str, float] | None = None,
+    sandbox: Mapping[str, Any] | None = None,
+    user_decoding: Decoding | None = None,
+    user_model: UserModel | None = None,
+    observation_tokens: int = OBSERVATION_BUDGET,
     batch_size: int = 16,
     with_hints: bool = True,
     resume: bool = True,
     seed: int = 0,
     progress: bool = True,
-    user=None,
 ) -> dict:
     """Play every task (and its hinted variant), write results under `out_dir`; the summary.
 
@@ -147,10 +154,13 @@ def evaluate(
     (SandboxConfig fields) says otherwise. With
     `resume`, episodes already in `out_dir/items.jsonl` are skipped; without, `out_dir` starts
     empty. The summary covers this call's episodes only. `out_dir=None` writes nothing (other
-    hosts of a run). Every agent turn samples with `decoding`. An environment that asks for a
-    simulated user's message is answered by `user` (`simulated_user.ModelUser`; default: the
-    policy itself).
+    hosts of a run). Every agent turn samples with `decoding`; the simulated user of
+    `SIMULATED_USER_SUITES` with `user_decoding`, by `user_model` (None: the policy). An
+    observation longer than about `observation_tokens` is cut.
     """
+    if user_decoding is None and any(t.suite in SIMULATED_USER_SUITES for t in tasks):
+        raise ValueError(f"suites {SIMULATED_USER_SUITES} need user_decoding for their "
+                         "simulated user")
     out = epath.Path(out_dir) if out_dir is not None else None
     if out is not None and not resume and out.exists():
         out.rmtree()
@@ -166,12 +176,13 @@ def evaluate(
         log.info("%s: %d rows already scored, %d episodes to play", out, len(records),
                  len(pending))
     pool = _eval_pool(rt.run.sandbox, sandbox or {})
-    user = user or ModelUser(rt.sampler, rt.chat, seed=seed)
     bar = tqdm(total=len(episodes), initial=len(episodes) - len(pending), desc="eval",
                unit="episode", disable=not progress)
     try:
         for batch in _batches(pending, batch_size):
-            played = _play(rt, pool, batch, decoding, seed=seed, user=user)
+            played = _play(rt, pool, batch, decoding, user_decoding,
+                           user_model or UserModel(rt.sampler, rt.chat), observation_tokens,
+                           seed=seed)
             rows = [_episode_row(task, hint, episode, rt.chat.tokenizer)
                     for (task, hint), episode in zip(batch, played, strict=True)]
             if items is not None:
@@ -253,15 +264,18 @@ def _eval_pool(sandbox, overrides: Mapping[str, float]):
     from spade_jax.envs import EnvPool
 
     config = dataclasses.replace(sandbox, **{"step_timeout_s": EVAL_STEP_TIMEOUT_S, **overrides})
+    if config.problems():
+        raise ValueError(f"evaluation sandbox settings: {'; '.join(config.problems())}")
     return EnvPool(config, warm=sandbox.warm_workers)
 
 
 def _batches(pending: list[tuple[EvalTask, bool]], batch_size: int):
     """Batches of at most `batch_size` episodes sharing an agent prompt, in task order; one-turn
     episodes apart from longer ones (a batch's KV cache is sized for its longest)."""
-    groups: dict[tuple[str | None, bool], list] = {}
+    groups: dict[tuple[str | None, bool, bool], list] = {}
     for task, hint in pending:
-        groups.setdefault((_system_prompt(task), task.max_turns > 1), []).append((task, hint))
+        key = (_system_prompt(task), task.max_turns > 1, task.suite in SIMULATED_USER_SUITES)
+        groups.setdefault(key, []).append((task, hint))
     for group in groups.values():
         for start in range(0, len(group), batch_size):
             yield group[start:start + batch_size]
@@ -269,24 +283,33 @@ def _batches(pending: list[tuple[EvalTask, bool]], batch_size: int):
 
 def _system_prompt(task: EvalTask) -> str | None:
     """The agent system prompt `task` is played with (None: the user message alone)."""
-    if task.suite in NO_SYSTEM_PROMPT_SUITES:
+    if task.suite in NO_SYSTEM_PROMPT_SUITES + SIMULATED_USER_SUITES:
         return None
     tool_use = task.suite in TOOL_USE_SUITES
     game_type = prompts.GameType.TOOL_USE if tool_use else prompts.GameType.GAME
     return game_type.agent_system_prompt
 
 
-def _play(rt, pool, batch, decoding: Decoding, *, seed: int, user) -> list[Episode]:
+def _play(rt, pool, batch, decoding: Decoding, user_decoding: Decoding | None,
+          user_model: UserModel, observation_tokens: int, *, seed: int) -> list[Episode]:
     specs = [EpisodeSpec(t.task_id, t.code, t.seed, ENV_HINT if hint else None, t.max_turns)
              for t, hint in batch]
     turns = max(t.max_turns for t, _ in batch)
     capacity = conversation_capacity(turns, decoding.max_new_tokens,
                                      rt.run.sampling.max_context)
+    if batch[0][0].suite in SIMULATED_USER_SUITES:
+        envs = UserSimulatorRunner(pool, turns, sampler=user_model.sampler,
+                                   chat=user_model.chat,
+                                   decoding=user_decoding, seed=seed,
+                                   capacity=conversation_capacity(
+                                       turns, user_decoding.max_new_tokens,
+                                       rt.run.sampling.max_context))
+    else:
+        envs = SandboxEnvRunner(pool, turns)
     return play_episodes(
-        specs, sampler=rt.sampler, envs=SimulatedUserRunner(SandboxEnvRunner(pool, turns), user),
-        chat=rt.chat,
+        specs, sampler=rt.sampler, envs=envs, chat=rt.chat,
         system_prompt=_system_prompt(batch[0][0]), max_turns=turns,
-        decoding=decoding, seed=seed, capacity=capacity)
+        decoding=decoding, seed=seed, capacity=capacity, max_observation_tokens=observation_tokens)
 
 
 def _episode_row(task: EvalTask, hint: bool, episode: Episode, tokenizer) -> dict:

@@ -9,9 +9,10 @@ Every suite's settings live in `SUITE_SETTINGS`, read from the reference's
 `eval_offline/configs/games.yaml` (and the files it points at). A column is the fraction of a
 suite's episodes (all samples of all items) that scored full marks, over the episodes a
 column selects: this is the reference's mean over samples for AIME and GPQA (avg@n), pass@1
-for LiveCodeBench, and its episode-weighted win rate per bucket for reasoning-gym. BFCL-v4 is
-its own overall score over the categories' accuracies (`bfcl.v4_overall_accuracy`); ACEBench's
-columns are its group and summary scores (`acebench.group_accuracy`, `overall_accuracy`).
+for LiveCodeBench, its episode-weighted win rate per bucket for reasoning-gym, and pass@1 per
+domain for τ²-bench (successful simulations over tasks × trials). BFCL-v4 is its own overall
+score over the categories' accuracies (`bfcl.v4_overall_accuracy`); ACEBench's columns are its
+group and summary scores (`acebench.group_accuracy`, `overall_accuracy`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from spade_jax.eval import acebench, bfcl, report, rq1
-from spade_jax.spade.rollout import Decoding
+from spade_jax.eval import acebench, bfcl, report, rq1, tau2
+from spade_jax.spade.rollout import OBSERVATION_BUDGET, Decoding
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class SuiteSettings:
     unavailable: str = ""  # why the suite cannot run yet ("": it can)
     # SandboxConfig fields this suite's environments need beyond the evaluation's defaults
     sandbox: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # how the simulated user of a conversation suite samples (runner.SIMULATED_USER_SUITES)
+    user_decoding: Decoding | None = None
+    # tokens of an observation the agent sees before it is cut (tool results, say)
+    observation_tokens: int = OBSERVATION_BUDGET
 
 
 SUITE_SETTINGS: dict[str, SuiteSettings] = {
@@ -70,17 +75,21 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
     "bfcl_v4": SuiteSettings(samples=1, decoding=Decoding(
         temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8192)),
     # _tool_use_tau2.yaml: 4 trials, agent temperature 0.0, top_p 0.8, top_k 20, 16384 tokens,
-    # 200 steps; the user simulator is gpt-4.1 at temperature 0 there.
+    # 200 steps (messages of all parties), split base; the user simulator is gpt-4.1 at
+    # temperature 0 with 2048 tokens there, the policy itself here. Environments load the
+    # domain's database (retail's is 3 MB of JSON) and replay the gold actions to score.
     "tau2": SuiteSettings(samples=4, max_turns=200, decoding=Decoding(
         temperature=0.0, top_p=0.8, top_k=20, max_new_tokens=16384),
-        unavailable="tau2-bench is not implemented yet: its retail / airline / telecom tools, "
-                    "simulated user and database-state scoring (the tau2-bench repository, "
-                    "not on PyPI) are not ported"),
+        user_decoding=Decoding(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=2048),
+        observation_tokens=4096,  # a retail product's details alone run to 3.4 kB of JSON
+        sandbox={"memory_bytes": 4 << 30, "cpu_seconds": 1800, "play_timeout_s": 1800.0,
+                 "step_timeout_s": 60.0}),
     # tool_use.yaml suites.acebench: test_all (English), temperature 0.7, top_p 1.0, 16384
     # tokens, 40 dialog turns (max_turns: messages of an Agent dialogue). The user simulator is
-    # gpt-4o there; here the policy plays it (simulated_user.ModelUser).
+    # gpt-4o there (ACEBench's APIUSER: temperature 0.001, 1000 tokens), the policy itself here.
     "acebench": SuiteSettings(samples=1, max_turns=40, decoding=Decoding(
-        temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=16384)),
+        temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=16384),
+        user_decoding=Decoding(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=1000)),
 }
 AIME_YEARS = (2025, 2026)
 _SUITE_FIELDS = {"samples": "int", "max_turns": "int"}
@@ -206,6 +215,9 @@ def table_tasks(table: str, settings: Mapping[str, SuiteSettings], *,
             built = bfcl.v4_tasks(limit=limit)
         elif suite == "acebench":
             built = acebench.acebench_tasks(data_dir, s.samples, s.max_turns)
+        elif suite == "tau2":
+            built = tau2.tau2_tasks(data_dir, s.samples, max_steps=s.max_turns,
+                                    max_turns=s.max_turns)
         else:
             built = rq1.rg_hard_tasks(s.samples, s.max_turns)
         tasks[suite] = _first_items(built, limit, by_bucket=suite == "rg_hard")
@@ -245,19 +257,26 @@ def table_values(table: str, records: Sequence[dict]) -> dict[str, dict]:
 
 
 def run_table(rt, table: str, tasks: Mapping[str, Sequence], settings: Mapping[str, SuiteSettings],
-              out_dir: str | Path, *, batch_size: int = 16, seed: int = 0, user=None) -> dict:
+              out_dir: str | Path, *, data_dir: str | Path | None = None, batch_size: int = 16,
+              seed: int = 0, user_model=None) -> dict:
     """Play each suite's tasks with its settings into `out_dir/<suite>` (resumable); the table.
 
-    `tasks` is `table_tasks(...)`; `rt` a `spade.runtime.Runtime` (see `runner.evaluate`);
-    `user` plays a simulated user where a suite has one (None: the policy).
+    `tasks` is `table_tasks(...)` of the same `data_dir`; `rt` a `spade.runtime.Runtime` (see
+    `runner.evaluate`); `user_model` plays simulated users (`simulated_user.UserModel`; None:
+    the policy).
     """
     from spade_jax.eval import runner
 
     for suite, suite_tasks in tasks.items():
         log.info("%s: %d episodes, %s", suite, len(suite_tasks), settings[suite])
+        sandbox = dict(settings[suite].sandbox)
+        if suite == "tau2":
+            sandbox["read_only_paths"] = tau2.sandbox_paths(data_dir)
         runner.evaluate(rt, suite_tasks, Path(out_dir) / suite, batch_size=batch_size,
-                        decoding=settings[suite].decoding, sandbox=settings[suite].sandbox,
-                        with_hints=False, seed=seed, user=user)
+                        decoding=settings[suite].decoding, sandbox=sandbox,
+                        user_decoding=settings[suite].user_decoding, user_model=user_model,
+                        observation_tokens=settings[suite].observation_tokens,
+                        with_hints=False, seed=seed)
     return write_table(out_dir, table, settings)
 
 

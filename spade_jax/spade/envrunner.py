@@ -32,7 +32,7 @@ class EpisodeStart:
     error: str = ""
     hint_status: HintStatus = HintStatus.NONE  # NONE: no hint asked (or no start)
     tools: list | None = None  # a tool-use environment's schemas (its reset info's "tools")
-    info: dict = dataclasses.field(default_factory=dict)  # the reset's info
+    system_prompt: str | None = None  # the episode's own agent system prompt (None: the run's)
 
 
 class SandboxEnvRunner:
@@ -59,8 +59,7 @@ class SandboxEnvRunner:
             tools = result.info.get("tools") if isinstance(result.info, dict) else None
             starts.append(EpisodeStart(result.handle, result.ok, result.status,
                                        result.observation, hint, result.error, status,
-                                       tools if isinstance(tools, list) else None,
-                                       result.info if isinstance(result.info, dict) else {}))
+                                       tools if isinstance(tools, list) else None))
         return starts
 
     def _resolve_hint(self, handle: int, requested: str) -> tuple[str | None, HintStatus]:

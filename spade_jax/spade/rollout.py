@@ -201,7 +201,7 @@ def play_episodes(
     turn samples with `decoding` (its `max_new_tokens` per turn). Turn t
     samples with `derive_seed(seed, "turn", t)`, so `seed` may be any seed in [0, 2**31).
     `system_prompt=None` starts the conversation with the observation alone (benchmarks whose
-    reference sends no system message).
+    reference sends no system message); an episode start's own `system_prompt` replaces it.
     """
     phase = timer.phase if timer is not None else (lambda _name: contextlib.nullcontext())
     max_new_tokens = decoding.max_new_tokens
@@ -214,8 +214,9 @@ def play_episodes(
         if start.ok and start.hint:
             observation = hint_lib.inject_hint(observation, start.hint)
         messages = [{"role": "user", "content": observation}]
-        if system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": system_prompt})
+        system = start.system_prompt if start.system_prompt is not None else system_prompt
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
         prompts.append(chat.prompt(messages, tools=start.tools)[-capacity // 2:])
     with phase("sampling"):
         session = sampler.start(prompts, capacity=capacity)

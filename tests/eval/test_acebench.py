@@ -5,7 +5,6 @@ items and a phone scenario written for these tests.
 """
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -16,8 +15,9 @@ from spade_jax.errors import MissingFileError
 from spade_jax.eval import acebench, acebench_env, tables
 from spade_jax.eval.acebench_env import USER_OPENING
 from spade_jax.eval.report import episode_record
-from spade_jax.eval.simulated_user import SimulatedUserRunner
-from spade_jax.spade.envrunner import EpisodeStart
+from spade_jax.eval.simulated_user import UserSimulatorRunner
+from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeSpec
+from tests.eval.local_pool import LocalPool
 
 DATA = Path(__file__).resolve().parent / "fixtures" / "acebench"
 SEND = "[send_message(sender_name='Eve', receiver_name='Bob', message='Lunch at noon?')]"
@@ -157,75 +157,118 @@ def test_an_agent_dialogue_ends_after_max_dialog_turns_messages(tasks):
 
 
 class ScriptedUser:
-    """The simulated user: fixed lines, recording the conversations it was shown."""
+    """The simulated user's sampler: its fixed lines in order, whatever it was shown."""
 
-    def __init__(self, lines):
-        self.lines, self.seen = list(lines), []
+    def __init__(self, tokenizer, lines):
+        self.tokenizer, self.lines = tokenizer, list(lines)
 
-    def reply(self, conversations):
-        self.seen += [json.loads(json.dumps(c)) for c in conversations]
-        return [self.lines.pop(0) for _ in conversations]
+    def start(self, prompts, *, capacity):
+        from tests.loop.pin import ScriptedSession
 
-
-class LocalRunner:
-    """An env runner over in-process environments (trusted scripts only)."""
-
-    def __init__(self, tasks):
-        self.envs = {i: task.make_local() for i, task in enumerate(tasks)}
-
-    def reset_many(self, specs):
-        starts = []
-        for handle, _ in enumerate(specs):
-            observation, info = self.envs[handle].reset(seed=0)
-            starts.append(EpisodeStart(handle, True, "ok", observation, None, info=info))
-        return starts
-
-    def step_many(self, pairs):
-        return [StepResult(h, "ok", *self.envs[h].step(a)) for h, a in pairs]
-
-    def close_many(self, handles):
-        pass
+        return ScriptedSession(self.tokenizer, lambda prompt, row, seed: self.lines.pop(0),
+                               prompts, capacity)
 
 
-def test_multi_turn_agent_talks_to_the_simulated_user_through_the_runner(tasks):
-    user = ScriptedUser(["Hi, I want to text Bob.", "I am Eve; say 'Lunch at noon?'.",
-                         "Thanks. finish conversation"])
-    runner = SimulatedUserRunner(LocalRunner([tasks["agent_multi_turn_0"]]), user)
-    (start,) = runner.reset_many([None])
+@pytest.fixture(scope="module")
+def chat():
+    from spade_jax.weights.gguf import smollm2_gguf_path
+    from spade_jax.weights.tokenizer import load_tokenizer
+
+    return ChatFormat(load_tokenizer(smollm2_gguf_path()))
+
+
+def user_runner(pool, max_turns, user, chat):
+    """The simulated-user runner of the evaluation, with `user` as its model."""
+    return UserSimulatorRunner(pool, max_turns, sampler=user, chat=chat,
+                               decoding=Decoding(0.0, 1.0, 0, 64), capacity=4096, seed=0)
+
+
+def start_items(runner, *items):
+    return runner.reset_many([EpisodeSpec(t.task_id, t.code, 0, None, t.max_turns)
+                              for t in items])
+
+
+def test_multi_turn_agent_talks_to_the_simulated_user_through_the_runner(tasks, chat):
+    task = tasks["agent_multi_turn_0"]
+    user = ScriptedUser(chat.tokenizer, ["Hi, I want to text Bob.",
+                                         "I am Eve; say 'Lunch at noon?'.",
+                                         "Thanks. finish conversation"])
+    runner = user_runner(LocalPool([task]), task.max_turns, user, chat)
+    (start,) = start_items(runner, task)
     assert start.observation.startswith("MULTI-TURN AGENT.")
     assert "PHONE POLICY" in start.observation  # the BaseApi domain's policy
     assert start.observation.endswith("History:\nuser:Hi, I want to text Bob.\n")
-    assert user.seen[0] == [
-        {"role": "system", "content": "You are a phone user. Instruction: You are Eve. You want "
-                                      "to send Bob the message 'Lunch at noon?'."},
-        {"role": "user", "content": "Is there anything you need help with today?"}]
-    (reply,) = runner.step_many([(0, "Who sends it, and what should it say?")])
+    assert start.system_prompt is None  # ACEBench's own is in the observation
+
+    def user_view():
+        return chat.tokenizer.decode(runner.session.sequences[0])
+
+    opening = user_view()  # the user's scenario, then ACEBench's opening question
+    assert opening.index("You are a phone user. Instruction: You are Eve. You want to send "
+                         "Bob the message 'Lunch at noon?'.") < opening.index(USER_OPENING)
+    (reply,) = runner.step_many([(start.handle, "Who sends it, and what should it say?")])
     assert reply.observation == "user:I am Eve; say 'Lunch at noon?'."
-    assert user.seen[1][-2:] == [
-        {"role": "assistant", "content": "Hi, I want to text Bob."},
-        {"role": "user", "content": "Who sends it, and what should it say?"}]
-    assert runner.step_many([(0, "[turn_on_wifi()]")])[0].observation.startswith("execution:")
-    assert runner.step_many([(0, SEND)])[0].observation.endswith("'sent'}]")
-    (end,) = runner.step_many([(0, "Your message is sent. Anything else?")])
+    view = user_view()
+    assert (view.index(USER_OPENING) < view.index("Hi, I want to text Bob.")
+            < view.index("Who sends it, and what should it say?")
+            < view.index("I am Eve; say 'Lunch at noon?'."))
+    assert runner.step_many([(start.handle, "[turn_on_wifi()]")])[0].observation.startswith(
+        "execution:")
+    assert runner.step_many([(start.handle, SEND)])[0].observation.endswith("'sent'}]")
+    assert "turn_on_wifi" not in user_view()  # the agent's calls are not the user's to see
+    (end,) = runner.step_many([(start.handle, "Your message is sent. Anything else?")])
     assert (end.reward, end.terminated, end.info["valid"]) == (1.0, True, True)
     assert not user.lines
 
 
-def test_multi_turn_agent_fails_when_nothing_was_executed(tasks):
-    user = ScriptedUser(["Text Bob for me.", "finish conversation", "finish conversation"])
-    runner = SimulatedUserRunner(LocalRunner([tasks["agent_multi_turn_0"]]), user)
-    runner.reset_many([None])
-    (early,) = runner.step_many([(0, "Sure, what should it say?")])
+def test_multi_turn_agent_fails_when_nothing_was_executed(tasks, chat):
+    task = tasks["agent_multi_turn_0"]
+    user = ScriptedUser(chat.tokenizer, ["Text Bob for me.", "finish conversation",
+                                         "finish conversation"])
+    runner = user_runner(LocalPool([task]), task.max_turns, user, chat)
+    (start,) = start_items(runner, task)
+    (early,) = runner.step_many([(start.handle, "Sure, what should it say?")])
     assert early.observation == "user:finish conversation"  # ACEBench ends from message 3 on
-    (end,) = runner.step_many([(0, "Okay.")])
+    (end,) = runner.step_many([(start.handle, "Okay.")])
     assert (end.reward, end.terminated, end.info["error_type"]) == (
         0.0, True, "wrong number of class")
 
 
-def test_agent_items_play_inside_the_sandbox(tasks):
+def test_items_without_a_user_share_the_runner_with_those_that_have_one(tasks, chat):
+    """Resets addressed to the agent (single replies, multi-step Agent items) start at once;
+    only the multi-turn item gets a user conversation."""
+    single, step, turn = (tasks[i] for i in ("normal_single_turn_single_function_0",
+                                             "agent_multi_step_0", "agent_multi_turn_0"))
+    user = ScriptedUser(chat.tokenizer, ["Please text Bob."])
+    runner = user_runner(LocalPool([single, step, turn]), turn.max_turns, user, chat)
+    starts = start_items(runner, single, step, turn)
+    assert starts[0].observation.startswith("NORMAL.")
+    assert "MULTI-STEP AGENT" in starts[1].observation
+    assert starts[2].observation.endswith("user:Please text Bob.\n")
+    assert len(runner.session.sequences) == 1 and not user.lines
+    results = runner.step_many([(starts[0].handle, "[get_weather(city='Paris', days=3)]"),
+                                (starts[1].handle, "[turn_on_wifi()]")])
+    assert (results[0].reward, results[0].terminated) == (1.0, True)
+    assert results[1].observation.endswith("'Wi-Fi is on'}]")
+
+
+def test_a_user_turn_in_an_episode_that_started_with_the_agent_is_refused(chat):
+    class AgentFirstPool:
+        def start_many(self, specs, max_turns=None):
+            return [StepResult(0, "ok", "the task", info={"to": "agent"})]
+
+        def step_many(self, pairs):
+            return [StepResult(0, "ok", "for the user", info={"to": "user"})]
+
+    runner = user_runner(AgentFirstPool(), 2, ScriptedUser(chat.tokenizer, []), chat)
+    (start,) = runner.reset_many([EpisodeSpec("e", "code", 0)])
+    assert runner.session is None  # nobody to play: no user session
+    with pytest.raises(ValueError, match=r"episodes \[0\] address the user"):
+        runner.step_many([(start.handle, "hello")])
+
+
+def test_agent_items_play_inside_the_sandbox(tasks, chat):
     from spade_jax import envs
-    from spade_jax.spade.envrunner import SandboxEnvRunner
-    from spade_jax.spade.rollout import EpisodeSpec
 
     try:
         pool = envs.EnvPool(envs.SandboxConfig(), warm=1)
@@ -239,9 +282,9 @@ def test_agent_items_play_inside_the_sandbox(tasks):
             assert pool.step(first.handle, action).ok
         result = pool.step(first.handle, "finish conversation")
         assert (result.reward, result.terminated) == (1.0, True), result
-        user = ScriptedUser(["Please text Bob.", "Sure. finish conversation"])
-        runner = SimulatedUserRunner(SandboxEnvRunner(pool, turn.max_turns), user)
-        (start,) = runner.reset_many([EpisodeSpec("t", turn.code, 0, None, turn.max_turns)])
+        user = ScriptedUser(chat.tokenizer, ["Please text Bob.", "Sure. finish conversation"])
+        runner = user_runner(pool, turn.max_turns, user, chat)
+        (start,) = start_items(runner, turn)
         assert start.ok and start.observation.endswith("user:Please text Bob.\n"), start
         for action in ("[turn_on_wifi()]", SEND):
             assert runner.step_many([(start.handle, action)])[0].observation.startswith("exec")
@@ -271,6 +314,8 @@ def test_rq2_acebench_columns_roll_up_as_acebench_does():
     settings = tables.table_settings("rq2")
     assert not settings["acebench"].unavailable
     assert (settings["acebench"].decoding.temperature, settings["acebench"].max_turns) == (0.7, 40)
+    assert settings["acebench"].user_decoding.max_new_tokens == 1000  # ACEBench's APIUSER
+    settings["tau2"] = dataclasses.replace(settings["tau2"], unavailable="no clone in DATA")
     tasks = tables.table_tasks("rq2", settings, data_dir=DATA)["acebench"]
     assert len(tasks) == 20
     failed = ("special_irrelevant", "agent_multi_turn")
@@ -302,30 +347,3 @@ def test_the_env_module_needs_nothing_beyond_the_standard_library():
                if line.startswith(("import ", "from "))]
     assert all(name.split(".")[0] in {"ast", "collections", "copy", "importlib", "inspect",
                                        "json", "re", "sys"} for name in imports), imports
-
-
-@pytest.mark.slow
-def test_a_loaded_user_model_answers_each_conversation():
-    """`load_user` (--user_model) on the tiny config's random model: one reply per
-    conversation in one sampler call (a minute on 2 CPUs: JIT compilation)."""
-    import importlib.util
-
-    import jax
-
-    from spade_jax.config import parse
-    from spade_jax.eval.simulated_user import USER_DECODING, load_user
-    from spade_jax.sharding import make_mesh
-
-    spec = importlib.util.spec_from_file_location(
-        "tiny", Path(__file__).resolve().parents[2] / "configs" / "tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    run = parse(module.get_config())
-    user = load_user(run, make_mesh(run.mesh.shape(jax.device_count())), "random")
-    user.decoding = dataclasses.replace(USER_DECODING, max_new_tokens=3)
-    conversations = [[{"role": "system", "content": "You are a user."},
-                      {"role": "user", "content": USER_OPENING}],
-                     [{"role": "user", "content": "Hi"}]]
-    replies = user.reply(conversations)
-    assert len(replies) == 2 and all(isinstance(r, str) for r in replies)
-    assert user.calls == 1

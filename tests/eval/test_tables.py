@@ -178,9 +178,10 @@ def test_settings_are_the_reference_values_and_overridable():
     with pytest.raises(ValueError, match="unknown table 'rq3'"):
         tables.table_settings("rq3")
     rq2 = tables.table_settings("rq2")
-    for suite in ("bfcl_v4", "acebench"):
-        rq2[suite] = dataclasses.replace(rq2[suite], unavailable="switched off")
-    with pytest.raises(ValueError, match="table rq2 cannot run yet: switched off; tau2-bench"):
+    for suite in rq2:
+        rq2[suite] = dataclasses.replace(rq2[suite], unavailable=f"{suite} off")
+    with pytest.raises(ValueError, match="table rq2 cannot run yet: bfcl_v4 off; tau2 off; "
+                                         "acebench off"):
         tables.table_tasks("rq2", rq2, data_dir=None)
 
 
@@ -189,6 +190,10 @@ def test_missing_data_names_the_file_expected(tmp_path):
     with pytest.raises(MissingFileError,
                        match=r"--data_dir/aime-2025/aime-2025.jsonl \(--data_dir was not given\)"):
         tables.table_tasks("rq1", settings, data_dir=None)
+    rq2 = tables.table_settings("rq2")
+    rq2["bfcl_v4"] = dataclasses.replace(rq2["bfcl_v4"], unavailable="not this test's")
+    with pytest.raises(MissingFileError, match=f"clone of tau2-bench at {tmp_path}/tau2-bench"):
+        tables.table_tasks("rq2", rq2, data_dir=tmp_path)
     (tmp_path / "aime-2025").mkdir()
     (tmp_path / "aime-2025" / "aime-2025.jsonl").write_text("")
     with pytest.raises(MissingFileError, match=f"needs {tmp_path}/aime-2026/aime-2026.jsonl"):

@@ -55,6 +55,9 @@ class SandboxConfig:
     use_seccomp: bool = True
     allow_unsafe: bool = False
     warm_workers: int = 8  # idle workers an EnvPool keeps started (the run's sandbox.warm_workers)
+    # directories bound read-only (same path) for environments that read data outside Python
+    # (an evaluation's benchmark clone, say); each must not expose host secrets
+    read_only_paths: tuple[str, ...] = ()
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one message per problem (key names as in config)."""
@@ -64,6 +67,10 @@ class SandboxConfig:
             out.append(f"validation_timeout_s={self.validation_timeout_s} must be > 0")
         if self.warm_workers < 0:
             out.append(f"warm_workers={self.warm_workers} must be >= 0")
+        for path in self.read_only_paths:
+            if not os.path.isabs(path) or exposes_host_secrets(os.path.realpath(path)):
+                out.append(f"read_only_paths entry {path!r} must be an absolute path that does "
+                           "not hold /etc, /root or a home directory")
         return out
 
     def worker_config(self) -> dict:
@@ -176,6 +183,8 @@ def bwrap_prefix(config: SandboxConfig) -> list[str]:
              "--size", str(config.tmpfs_bytes), "--tmpfs", "/tmp"]
     for source, target in _readonly_binds():
         args += ["--ro-bind", source, target]
+    for path in config.read_only_paths:
+        args += ["--ro-bind", os.path.realpath(path), path]
     args += ["--chdir", "/tmp", "--clearenv"]
     for key, value in _WORKER_ENV.items():
         args += ["--setenv", key, value]
