@@ -65,6 +65,9 @@ _DATA_DIR = flags.DEFINE_string(
 _TABLE_SETTINGS = flags.DEFINE_string(
     "table_settings", "", "Overrides of suite settings: suite.field=value,... "
     "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns).")
+_TABLE_SUITES = flags.DEFINE_string(
+    "table_suites", "", "Only these suites of --table (comma-separated; default: all), e.g. "
+    "the ones whose data --data_dir has; the others show '—' with the reason.")
 _USER_MODEL = flags.DEFINE_string(
     "user_model", None, "Model playing the simulated users of --table suites (tau2, ACEBench's "
     "Agent dialogues): a name, HF dir or .gguf, as --model; default: the policy evaluated.")
@@ -104,7 +107,8 @@ def main(argv):
         cfg.sandbox.allow_unsafe = True
     try:
         if _TABLE.value:
-            settings = tables.table_settings(_TABLE.value, _TABLE_SETTINGS.value)
+            settings = tables.select_suites(
+                tables.table_settings(_TABLE.value, _TABLE_SETTINGS.value), _TABLE_SUITES.value)
             suite_tasks = tables.table_tasks(_TABLE.value, settings, data_dir=_DATA_DIR.value,
                                              limit=_LIMIT.value or None)
         else:

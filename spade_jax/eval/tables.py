@@ -187,6 +187,20 @@ def table_settings(table: str, overrides: str | Mapping[str, str] = "") -> dict[
     return settings
 
 
+def select_suites(settings: Mapping[str, SuiteSettings], names: str) -> dict[str, SuiteSettings]:
+    """`settings` with the suites not named in `names` ("suite,...", "": all) marked
+    unavailable, so a table runs on the benchmarks whose data the machine has; ValueError
+    naming an unknown suite."""
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in settings]
+    if unknown:
+        raise ValueError(f"unknown suites {unknown}; this table has {list(settings)}")
+    if not chosen:
+        return dict(settings)
+    return {suite: s if suite in chosen else dataclasses.replace(s, unavailable="not selected")
+            for suite, s in settings.items()}
+
+
 def runnable_suites(table: str, settings: Mapping[str, SuiteSettings]) -> list[str]:
     """Suites of `table` that can run; ValueError naming the reasons if none can."""
     runnable = [suite for suite in _table(table).suites if not settings[suite].unavailable]

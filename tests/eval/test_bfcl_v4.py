@@ -1,5 +1,6 @@
 """BFCL v4 overall: every single-turn category scored by bfcl-eval's checker, the v4 roll-up."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def test_v4_overall_weighs_its_groups_as_bfcls_leaderboard():
 def test_rq2_table_runs_bfcl_v4_and_needs_every_category_for_its_value():
     settings = tables.table_settings("rq2")
     assert settings["bfcl_v4"].decoding.temperature == 0.0
-    assert tables.runnable_suites("rq2", settings) == ["bfcl_v4", "acebench"]
+    assert tables.runnable_suites("rq2", settings) == ["bfcl_v4", "tau2", "acebench"]
+    settings["tau2"] = dataclasses.replace(settings["tau2"], unavailable="no clone in the data")
     tasks = tables.table_tasks("rq2", settings, data_dir=ACEBENCH_DATA, limit=17)["bfcl_v4"]
     categories = [c for g in bfcl.v4_categories().values() for c in g]
     assert sorted(t.category for t in tasks) == sorted(categories)  # one entry of each
@@ -126,7 +128,8 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
     out = tmp_path / "rq2"
     result = subprocess.run(
         [sys.executable, str(root / "launch" / "eval.py"), "--config=configs/tiny.py",
-         "--table=rq2", "--limit=17", f"--data_dir={ACEBENCH_DATA}",
+         "--table=rq2", "--table_suites=bfcl_v4,acebench", "--limit=17",
+         f"--data_dir={ACEBENCH_DATA}",
          "--table_settings=bfcl_v4.max_new_tokens=4,acebench.max_new_tokens=4,"
          "acebench.max_turns=6", f"--out={out}"], cwd=root,
         env=dict(os.environ, PYTHONPATH=str(root), **compile_cache_env()), capture_output=True,
@@ -135,7 +138,7 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
     assert result.stdout.startswith(
         "| Method | BFCL-v4 | Tau2-Retail | Tau2-Airline | Tau2-Telecom | ACEBench-N | "
         "ACEBench-S | ACEBench-A | ACEBench |\n")
-    assert "tau2: tau2-bench is not implemented yet" in result.stdout
+    assert "tau2: not selected" in result.stdout
     table = json.loads((out / tables.TABLE_JSON).read_text())
     bfcl_v4 = table["values"]["BFCL-v4"]
     assert (bfcl_v4["episodes"], bfcl_v4["items"]) == (17, 17)

@@ -185,6 +185,16 @@ def test_settings_are_the_reference_values_and_overridable():
         tables.table_tasks("rq2", rq2, data_dir=None)
 
 
+def test_select_suites_marks_the_others_unavailable_and_refuses_unknown_names():
+    rq2 = tables.table_settings("rq2")
+    chosen = tables.select_suites(rq2, "bfcl_v4, acebench")
+    assert tables.runnable_suites("rq2", chosen) == ["bfcl_v4", "acebench"]
+    assert chosen["tau2"].unavailable == "not selected"
+    assert tables.select_suites(rq2, "") == rq2
+    with pytest.raises(ValueError, match=r"unknown suites \['tau3'\]"):
+        tables.select_suites(rq2, "bfcl_v4,tau3")
+
+
 def test_missing_data_names_the_file_expected(tmp_path):
     settings = tables.table_settings("rq1")
     with pytest.raises(MissingFileError,
