@@ -22,10 +22,9 @@ from spade_jax.envs import EnvPool, StepResult
 from spade_jax.envs.tool_use import TOOL_RESULTS
 from spade_jax.seeding import derive_seed
 from spade_jax.spade.envrunner import EpisodeStart
-from spade_jax.spade.rollout import ChatFormat, Decoding
+from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeStatus
 
 TO_AGENT, TO_USER, TO_JUDGE = "agent", "user", "judge"
-CONTEXT_FULL = "context_full"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +192,8 @@ class UserSimulatorRunner:
             row = self.rows[handle]
             if len(turns[row]) + self.decoding.max_new_tokens > free[row]:
                 turns[row] = None
-                full[handle] = dataclasses.replace(waiting.pop(handle), status=CONTEXT_FULL)
+                full[handle] = dataclasses.replace(waiting.pop(handle),
+                                                   status=EpisodeStatus.CONTEXT_FULL)
         if any(t is not None for t in turns):
             self.session.append(turns)
         return waiting, full
