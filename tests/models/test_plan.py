@@ -36,7 +36,8 @@ def test_tpu_topology_shapes_and_devices():
     """v5p/v4 slices are 3-D chip grids, v5e/v6e 2-D; with libtpu the topology's devices are
     TPUs (no TPU attached), without it the plan says what to install."""
     assert _topology_dims(32, 3) == [2, 4, 4] and _topology_dims(64, 3) == [4, 4, 4]
-    assert _topology_dims(4, 3) == [1, 2, 2] and _topology_dims(16, 2) == [4, 4]
+    assert _topology_dims(4, 3) == [2, 2, 1] and _topology_dims(8, 3) == [2, 2, 2]
+    assert _topology_dims(16, 2) == [4, 4]
     assert _topology_dims(128, 2) == [8, 16]
     with pytest.raises(ConfigError, match="power of two"):
         _topology_dims(24, 3)

@@ -1,0 +1,112 @@
+"""How a KV cache stores one layer's keys and values, chosen per backend.
+
+XLA-CPU runs attention fastest as plain GEMMs with keys transposed (HEAD_MAJOR). The TPU
+compiler wants each slot's [K, Dh] contiguous, slots major ([B, S, K, Dh]); handed the
+head-major arrays, it copies every layer's whole cache into that layout and back around the
+decode loop, which doubles the cache's footprint (SEQUENCE_MAJOR avoids it). Each member
+carries the few operations that depend on the layout, so the attention and sampler code is
+written once.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import jax
+import jax.numpy as jnp
+
+
+class KVLayout(enum.StrEnum):
+    """One layer's (keys, values) arrays: HEAD_MAJOR keys transposed [B, K, Dh, S] and values
+    [B, K, S, Dh]; SEQUENCE_MAJOR both [B, S, K, Dh]."""
+
+    HEAD_MAJOR = "head_major"
+    SEQUENCE_MAJOR = "sequence_major"
+
+    @classmethod
+    def for_platform(cls, platform: str) -> KVLayout:
+        """The layout the compiler of `platform` ('cpu', 'tpu', 'gpu', ...) runs without
+        copies: head-major GEMMs on CPU, slot-major elsewhere."""
+        return cls.HEAD_MAJOR if platform == "cpu" else cls.SEQUENCE_MAJOR
+
+    @property
+    def slot_axes(self) -> tuple[int, int]:
+        """(keys' slot axis, values' slot axis)."""
+        return (3, 2) if self is KVLayout.HEAD_MAJOR else (1, 1)
+
+    @property
+    def head_axis(self) -> int:
+        """The KV-head axis of both arrays."""
+        return 1 if self is KVLayout.HEAD_MAJOR else 2
+
+    def shapes(self, batch: int, slots: int, n_kv_heads: int,
+               head_dim: int) -> tuple[tuple, tuple]:
+        """(keys' shape, values' shape) of a cache layer."""
+        if self is KVLayout.HEAD_MAJOR:
+            return (batch, n_kv_heads, head_dim, slots), (batch, n_kv_heads, slots, head_dim)
+        return ((batch, slots, n_kv_heads, head_dim),) * 2
+
+    def n_slots(self, values: jax.Array) -> int:
+        return values.shape[self.slot_axes[1]]
+
+    def from_heads(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values [B, T, K, Dh] (as projected) in this layout."""
+        if self is KVLayout.HEAD_MAJOR:
+            return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+        return k, v
+
+    def head_major(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(keys [B, K, Dh, S], values [B, K, S, Dh]): what the causal kernels take."""
+        if self is KVLayout.HEAD_MAJOR:
+            return k, v
+        return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+
+    def write(self, layer: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
+              slot: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+        """`layer` with the block (k, v), in this layout, written from `slot` on."""
+        k_axis, v_axis = self.slot_axes
+        return (jax.lax.dynamic_update_slice_in_dim(layer[0], k.astype(layer[0].dtype), slot,
+                                                    k_axis),
+                jax.lax.dynamic_update_slice_in_dim(layer[1], v.astype(layer[1].dtype), slot,
+                                                    v_axis))
+
+    def slots(self, k: jax.Array, v: jax.Array, start: jax.Array | int,
+              size: int) -> tuple[jax.Array, jax.Array]:
+        """Slots [start, start + size) of both arrays."""
+        k_axis, v_axis = self.slot_axes
+        return (jax.lax.dynamic_slice_in_dim(k, start, size, axis=k_axis),
+                jax.lax.dynamic_slice_in_dim(v, start, size, axis=v_axis))
+
+    def pad_slots(self, k: jax.Array, v: jax.Array, extra: int) -> tuple[jax.Array, jax.Array]:
+        """Both arrays with `extra` empty slots appended."""
+        pad = lambda a, axis: jnp.pad(  # noqa: E731
+            a, [(0, extra if i == axis else 0) for i in range(a.ndim)])
+        k_axis, v_axis = self.slot_axes
+        return pad(k, k_axis), pad(v, v_axis)
+
+    def move_rows_slots(self, k: jax.Array, v: jax.Array, start: int,
+                        targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Move each row's slots [start, start + W) to its own slots `targets` [B, W] (an
+        out-of-range target drops that slot)."""
+        width = targets.shape[1]
+
+        def move(array, axis):
+            staged = jax.lax.slice_in_dim(array, start, start + width, axis=axis)
+            index = (slice(None),) * (axis - 1)  # per row (vmapped): the slot axis moves up one
+            return jax.vmap(lambda c, s, t: c.at[(*index, t)].set(s, mode="drop"))(
+                array, staged, targets)
+
+        k_axis, v_axis = self.slot_axes
+        return move(k, k_axis), move(v, v_axis)
+
+    def scores(self, q_rows: jax.Array, k: jax.Array) -> jax.Array:
+        """Float32 products [B, K, R, S] of query rows [B, K, R, Dh] with the keys."""
+        if self is KVLayout.HEAD_MAJOR:
+            return jnp.matmul(q_rows, k, preferred_element_type=jnp.float32)
+        return jnp.einsum("bkrd,bskd->bkrs", q_rows, k, preferred_element_type=jnp.float32)
+
+    def weighted_values(self, probs: jax.Array, v: jax.Array) -> jax.Array:
+        """Float32 sums [B, K, R, Dh] of the values weighted by probs [B, K, R, S]."""
+        if self is KVLayout.HEAD_MAJOR:
+            return jnp.matmul(probs, v, preferred_element_type=jnp.float32)
+        return jnp.einsum("bkrs,bskd->bkrd", probs, v, preferred_element_type=jnp.float32)
