@@ -9,7 +9,6 @@ fraction of it. Needs libtpu (`pip install -e .[tpu]`, part of the test extras).
 import importlib.util
 
 import flax.nnx as nnx
-import jax
 import pytest
 
 from spade_jax.models.config import ModelConfig
