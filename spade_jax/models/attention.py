@@ -132,25 +132,26 @@ def attention(
 
 
 # ------------------------------------------------------------------------------ XLA paths
-def _gqa_scores(q: jax.Array, k_t: jax.Array, mask: jax.Array) -> jax.Array:
-    """Scaled, masked float32 scores [B, K, G, C, S] of q [B, K, G, C, Dh] against k_t."""
+def _gqa_scores(q: jax.Array, k: jax.Array, mask: jax.Array,
+                layout: KVLayout = KVLayout.HEAD_MAJOR) -> jax.Array:
+    """Scaled, masked float32 scores [B, K, G, C, S] of q [B, K, G, C, Dh] against the keys
+    k in `layout` (head-major: k_t [B, K, Dh, S])."""
     batch, n_kv, group, length, head_dim = q.shape
-    rows = q.reshape(batch, n_kv, group * length, head_dim)
-    scores = jnp.matmul(rows, k_t, preferred_element_type=jnp.float32)
+    scores = layout.scores(q.reshape(batch, n_kv, group * length, head_dim), k)
     scores = scores.reshape(batch, n_kv, group, length, -1) * (head_dim**-0.5)
     return jnp.where(mask[:, None, None], scores, MASK_VALUE)
 
 
-def _attention_block_forward(q, k_t, v, mask):
+def _attention_block_forward(q, k, v, mask, layout: KVLayout = KVLayout.HEAD_MAJOR):
     batch, n_kv, group, length, head_dim = q.shape
-    scores = _gqa_scores(q, k_t, mask)
+    scores = _gqa_scores(q, k, mask, layout)
     row_max = jnp.max(scores, axis=-1, keepdims=True)
     exp = jnp.exp(scores - row_max)
     row_sum = jnp.sum(exp, axis=-1, keepdims=True)
     probs = (exp / row_sum).astype(v.dtype)
-    out = jnp.matmul(probs.reshape(batch, n_kv, group * length, -1), v)
-    out = out.reshape(batch, n_kv, group, length, head_dim)
-    return out, (q, k_t, v, mask, out, row_max, row_sum)
+    out = layout.weighted_values(probs.reshape(batch, n_kv, group * length, -1), v)
+    out = out.reshape(batch, n_kv, group, length, head_dim).astype(v.dtype)
+    return out, (q, k, v, mask, out, row_max, row_sum)
 
 
 @jax.custom_vjp
@@ -192,15 +193,9 @@ _attention_block.defvjp(_attention_block_forward, _attention_block_backward)
 
 
 def _decode_block(q, k, v, mask: jax.Array, layout: KVLayout) -> jax.Array:
-    """One decode query per row, q [B, K, G, 1, Dh], over the whole cache in `layout`
-    (forward only: it serves the sampler); the same maths as `_attention_block`'s forward."""
-    batch, n_kv, group, length, head_dim = q.shape
-    scores = layout.scores(q.reshape(batch, n_kv, group * length, head_dim), k)
-    scores = scores.reshape(batch, n_kv, group, length, -1) * (head_dim**-0.5)
-    probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, MASK_VALUE), axis=-1)
-    out = layout.weighted_values(probs.reshape(batch, n_kv, group * length, -1).astype(v.dtype),
-                                 v)
-    return out.reshape(q.shape).astype(v.dtype)
+    """One decode query per row, q [B, K, G, 1, Dh], over the whole cache in `layout`: the
+    forward of `_attention_block` without its custom VJP (the sampler never differentiates)."""
+    return _attention_block_forward(q, k, v, mask, layout)[0]
 
 
 def _causal_blocks(q, k_t, v, mask: SlotMask, query_chunk):
