@@ -57,7 +57,7 @@ def token_logprobs(
 
     `mask` [B, T] marks real tokens (left or right padding). The decoder runs in
     `compute_dtype` (None: the weights' dtype); logits and softmax are float32 whatever it is.
-    This alignment is the one `Session.training_arrays` uses for old_logp.
+    This alignment is the one `Session.training_arrays` uses for its policy_logp.
     `record_router_load`: see `Transformer.__call__`.
     """
     if mask is None:

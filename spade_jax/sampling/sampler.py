@@ -113,7 +113,7 @@ class TurnOutput:
     """What one row generated in one `Session.decode` call."""
 
     tokens: list[int]
-    logprobs: list[float]  # raw policy log-softmax (temperature 1): PPO old_logp
+    logprobs: list[float]  # raw policy log-softmax (temperature 1) of the sampled token
     sampling_logprobs: list[float]  # under the distribution actually sampled from
     finish_reason: FinishReason
 
@@ -490,7 +490,7 @@ class Session:
         turn = session.decode(max_new_tokens=256, temperature=0.7, stop_token_ids=[eos])
         session.append([obs_ids_or_None_per_row])       # observations, any lengths
         turn = session.decode(max_new_tokens=256, active=still_playing)
-        batch = session.training_arrays()                # tokens, loss_mask, old_logp, ...
+        batch = session.training_arrays()                # tokens, loss_mask, policy_logp, ...
 
     Per row the session keeps the full token sequence, a loss mask (1 on sampled tokens only)
     and the log-probabilities of the sampled tokens, aligned with the tokens. Each row holds up
@@ -753,8 +753,8 @@ class Session:
         """Right-padded arrays of the chosen rows in the train step's batch format.
 
         tokens [R, T] int32, mask [R, T] (real tokens), loss_mask [R, T] (sampled tokens),
-        old_logp and behaviour_logp [R, T] (log-prob of tokens[t] given tokens[<t]; 0 off the
-        loss mask). `length` defaults to the longest row.
+        policy_logp (temperature 1) and behaviour_logp (as sampled) [R, T] (log-prob of
+        tokens[t] given tokens[<t]; 0 off the loss mask). `length` defaults to the longest row.
         """
         rows = list(range(self.num_rows)) if rows is None else list(rows)
         length = length or max(len(self.sequences[r]) for r in rows)
@@ -762,7 +762,7 @@ class Session:
             "tokens": np.zeros((len(rows), length), np.int32),
             "mask": np.zeros((len(rows), length), bool),
             "loss_mask": np.zeros((len(rows), length), np.float32),
-            "old_logp": np.zeros((len(rows), length), np.float32),
+            "policy_logp": np.zeros((len(rows), length), np.float32),
             "behaviour_logp": np.zeros((len(rows), length), np.float32),
         }
         for i, r in enumerate(rows):
@@ -772,6 +772,6 @@ class Session:
             out["tokens"][i, :n] = self.sequences[r]
             out["mask"][i, :n] = True
             out["loss_mask"][i, :n] = self.loss_masks[r]
-            out["old_logp"][i, :n] = self.logprobs[r]
+            out["policy_logp"][i, :n] = self.logprobs[r]
             out["behaviour_logp"][i, :n] = self.sampling_logprobs[r]
         return out

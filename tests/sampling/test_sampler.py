@@ -115,7 +115,7 @@ def test_multi_turn_equals_reprefill(model, sampler):
         # re-prefill: each generated token equals a fresh one-turn decode of its prefix
         ref = full_logprobs(model, seq)
         gen = np.flatnonzero(arrays["loss_mask"][r])
-        np.testing.assert_allclose(arrays["old_logp"][r, gen],
+        np.testing.assert_allclose(arrays["policy_logp"][r, gen],
                                    ref[gen - 1, np.asarray(seq)[gen]], atol=1e-4)
         for t in gen[:: max(1, len(gen) // 3)]:
             # row ids enter the sampling keys: re-prefill the row at the same row index
@@ -349,7 +349,7 @@ def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_
     turns, arrays = play(session)
     ref_turns, ref_arrays = play(sampler.start(prompts, capacity=256))
     assert [t.tokens for t in turns] == [t.tokens for t in ref_turns]
-    np.testing.assert_allclose(arrays["old_logp"], ref_arrays["old_logp"], atol=1e-5)
+    np.testing.assert_allclose(arrays["policy_logp"], ref_arrays["policy_logp"], atol=1e-5)
     for k, v in session.cache:
         assert k.shape == v.shape == (8, session.window, CFG.n_kv_heads, CFG.head_dim)
         assert k.addressable_shards[0].data.size * n_devices == k.size, k.sharding
