@@ -2,7 +2,7 @@
 
 import os
 
-from tests.compile_cache import DIRECTORY_VARIABLE
+from tests.commands import DIRECTORY_VARIABLE
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     """One persistent compilation cache for the whole test session (a fresh directory each
     time): tests that build the same small model compile each program once, not once per test,
-    and so do the commands they start (tests/compile_cache.py). SPADE_TEST_COMPILE_CACHE=0
+    and so do the commands they start (tests/commands.py). SPADE_TEST_COMPILE_CACHE=0
     turns it off."""
     if os.environ.get("SPADE_TEST_COMPILE_CACHE", "1") == "0":
         return
@@ -42,7 +42,7 @@ def pytest_configure(config):
 
     directory = tempfile.mkdtemp(prefix="spade-test-compile-cache-")
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    os.environ[DIRECTORY_VARIABLE] = directory  # for the commands tests start (compile_cache.py)
+    os.environ[DIRECTORY_VARIABLE] = directory  # for the commands tests start (tests/commands.py)
     jax.config.update("jax_compilation_cache_dir", directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -10,7 +10,7 @@ pytest.importorskip("bfcl_eval")
 
 from spade_jax.eval import bfcl, tables  # noqa: E402
 from spade_jax.eval.report import episode_record, read_jsonl  # noqa: E402
-from tests.compile_cache import compile_cache_env  # noqa: E402
+from tests.commands import command_env  # noqa: E402
 
 ACEBENCH_DATA = Path(__file__).resolve().parent / "fixtures" / "acebench"  # rq2 needs its data
 REFUSAL = "None of these functions fits the request, so I make no call."
@@ -120,7 +120,6 @@ def test_bfcl_single_turn_scores_inside_the_sandbox():
 def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
     """launch/eval.py --table=rq2 on the tiny random model, one entry per BFCL category and
     one item per ACEBench category of the fixture clone (its user played by the same model)."""
-    import os
     import subprocess
     import sys
 
@@ -132,8 +131,7 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
          f"--data_dir={ACEBENCH_DATA}",
          "--table_settings=bfcl_v4.max_new_tokens=4,acebench.max_new_tokens=4,"
          "acebench.max_turns=6", f"--out={out}"], cwd=root,
-        env=dict(os.environ, PYTHONPATH=str(root), **compile_cache_env()), capture_output=True,
-        text=True, timeout=900)
+        env=command_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(
         "| Method | BFCL-v4 | Tau2-Retail | Tau2-Airline | Tau2-Telecom | ACEBench-N | "

@@ -1,6 +1,5 @@
 """launch/eval.py as a user runs it: argument errors, --compare, one tiny end-to-end run."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,15 +8,14 @@ import pytest
 
 from spade_jax.eval import report
 from spade_jax.eval.tasks import EvalTask
-from tests.compile_cache import compile_cache_env
+from tests.commands import command_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _eval(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **compile_cache_env())
     return subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+                          env=command_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def _results(directory: Path, returns: list[float]) -> None:

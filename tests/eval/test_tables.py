@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import os
 import random
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from spade_jax.eval.reasoning_gym_env import rg_paper_answer
 from spade_jax.eval.rg_hard_split import HARD_CONFIGS, HARD_SPLIT_BUCKETS
 from spade_jax.eval.tasks import EvalTask
 from spade_jax.spade.rollout import Decoding
-from tests.compile_cache import compile_cache_env
+from tests.commands import command_env
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "eval" / "fixtures" / "rq1"
@@ -265,9 +264,8 @@ def _table_json(directory: Path, method: str, values: dict) -> None:
 
 
 def _eval(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **compile_cache_env())
     return subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+                          env=command_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def test_compare_puts_two_tables_side_by_side(tmp_path):

@@ -8,7 +8,6 @@ does not know how to cut down fails the test, so no example can rot unseen.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compile_cache import compile_cache_env, train_cache_flags
+from tests.commands import command_env, train_cache_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -108,9 +107,9 @@ def test_ci_runs_the_two_readme_commands():
 @pytest.mark.parametrize("command", train_commands())
 def test_readme_train_example_runs(command, tmp_path):
     workdir = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run([*cut_down(command, workdir), *train_cache_flags()], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600, env=env)
+                            capture_output=True, text=True, timeout=600,
+                            env=command_env(PYTHONUNBUFFERED="1"))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = (workdir / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 1, metrics
@@ -122,5 +121,5 @@ def test_readme_python_block_runs(index, tmp_path):
     script = tmp_path / "readme_block.py"
     script.write_text(readme_python_blocks()[index])
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=600, env={**os.environ, **compile_cache_env()})
+                            text=True, timeout=600, env=command_env())
     assert result.returncode == 0, result.stderr[-3000:]
