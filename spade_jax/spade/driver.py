@@ -66,8 +66,9 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     started = time.monotonic()
     from spade_jax.spade.runtime import Runtime
 
-    run = config_lib.parse(cfg, jax.device_count())
-    plan.check_rollout_fits(run, jax.device_count(), plan.device_memory_bytes())
+    n_devices = runtime.mesh.size if runtime is not None else jax.device_count()
+    run = config_lib.parse(cfg, n_devices)
+    plan.check_rollout_fits(run, n_devices, plan.device_memory_bytes())
     main = is_main_process()
     corpus = None  # read before the model is loaded: a bad corpus fails in seconds
     if run.mode.designs and not run.spade.no_corpus:

@@ -100,8 +100,10 @@ class Runtime:
         log.info("sandbox layers: %s", self.pool.layers)
 
     @classmethod
-    def create(cls, run: RunConfig) -> Runtime:
-        mesh = make_mesh(run.mesh.shape(jax.device_count()))
+    def create(cls, run: RunConfig, devices=None) -> Runtime:
+        """The model of `run` loaded onto a mesh of `devices` (default: every device)."""
+        devices = jax.devices() if devices is None else list(devices)
+        mesh = make_mesh(run.mesh.shape(len(devices)), devices)
         model, tokenizer = load_model_and_tokenizer(run, mesh)
         return cls(run, model, tokenizer, mesh)
 

@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import pytest
 
 pytest.importorskip("reasoning_gym")
@@ -18,7 +19,7 @@ MAX_NEW_TOKENS = 16
 def runtime():
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(parse(load_config_file("tiny")))
+    rt = Runtime.create(parse(load_config_file("tiny"), 1), jax.devices()[:1])
     yield rt
     rt.close()
 

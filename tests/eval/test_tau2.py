@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import pytest
 
 from spade_jax.errors import MissingFileError
@@ -289,7 +290,7 @@ def test_the_rq2_table_plays_tau2_in_the_sandbox_with_the_policy_as_user(tmp_pat
         return play_episodes(*args, **kwargs)
 
     monkeypatch.setattr(runner, "play_episodes", play)
-    rt = Runtime.create(parse(load_config_file("tiny")))
+    rt = Runtime.create(parse(load_config_file("tiny"), 1), jax.devices()[:1])
     try:
         with pytest.raises(ValueError, match="need user_decoding"):
             runner.evaluate(rt, tasks, tmp_path, decoding=runner.greedy(8), progress=False)

@@ -55,7 +55,7 @@ def learning_runtime_session(learning_world):
     from spade_jax.config import parse
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(parse(learning_world))
+    rt = Runtime.create(parse(learning_world, 1), jax.devices()[:1])  # as on a laptop
     yield rt, {}
     rt.close()
 

@@ -17,9 +17,13 @@ RUN_ARGS = ["--config.total_cycles=3", "--config.spade.regen_interval=1"]
 
 @pytest.fixture(scope="session")
 def tiny_runtime():
+    """On one CPU device: these tests are not about sharding (tests/loop/pin.py's run and
+    tests/scaleout/ use the 8 fake devices), and 8 would make them several times slower."""
+    import jax
+
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(parse(load_config_file("tiny")))
+    rt = Runtime.create(parse(load_config_file("tiny"), 1), jax.devices()[:1])
     yield rt
     rt.close()
 

@@ -47,7 +47,7 @@ def tool_use_run(tmp_path_factory):
     from spade_jax.spade.runtime import Runtime
 
     cfg, workdir = tool_use_config(), tmp_path_factory.mktemp("tool_use_run")
-    rt = Runtime.create(parse(cfg, jax.device_count()))
+    rt = Runtime.create(parse(cfg, 1), jax.devices()[:1])
     try:
         rt.sampler = ScriptedSampler(rt.tokenizer, [code for _, code in DESIGNS],
                                      designer_marker=DESIGNER_MARKER,

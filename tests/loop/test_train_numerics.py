@@ -35,7 +35,7 @@ def test_bf16_runtime_trains_with_tis_and_kl_and_refreshes_the_sampler_copy():
     cfg.model.compute_dtype = "bfloat16"
     cfg.train.kl_coef = 0.1
     cfg.sandbox.warm_workers = 1
-    rt = Runtime.create(parse(cfg))
+    rt = Runtime.create(parse(cfg, 1), jax.devices()[:1])
     try:
         initial = host(rt.train_state.params, jnp.bfloat16)
         assert {x.dtype for x in host(rt.train_state.params)} == {np.dtype("float32")}
