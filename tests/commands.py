@@ -1,7 +1,9 @@
-"""The environment of the commands tests start (launch/train.py, launch/eval.py, README code).
+"""The environment of the tests and of the commands they start (launch/train.py, launch/eval.py,
+README code).
 
-`tests/conftest.py` gives the test process 8 fake CPU devices for the sharding tests, and one
-persistent compilation cache per session, named in SPADE_TEST_COMPILE_CACHE_DIR. A command a
+`tests/conftest.py` gives the test process 8 fake CPU devices for the sharding tests, XLA's CPU
+backend at its lowest optimization level (TEST_XLA_FLAGS), and one persistent compilation cache
+per session, named in SPADE_TEST_COMPILE_CACHE_DIR. A command a
 test starts runs on one CPU device, as on a user's laptop, unless the test is about sharding:
 inheriting the 8 devices would run it on a mesh it does not test, and slower. Pointed at the
 session cache, it loads the small programs the tests before it compiled. Where the cache
@@ -15,6 +17,15 @@ import re
 DIRECTORY_VARIABLE = "SPADE_TEST_COMPILE_CACHE_DIR"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _DEVICE_COUNT_FLAG = re.compile(r"\s*--xla_force_host_platform_device_count=\d+")
+# The tests' programs are small and their time is mostly compilation: LLVM's optimization
+# passes over the generated CPU code cost more than they save. The programs' semantics (and
+# XLA's HLO passes, cost and memory analyses) are unchanged.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def one_device_xla_flags() -> str:
+    """This process's XLA_FLAGS without the fake device count: one CPU device."""
+    return _DEVICE_COUNT_FLAG.sub("", os.environ.get("XLA_FLAGS", "")).strip()
 
 
 def session_cache_dir() -> str | None:
@@ -35,8 +46,7 @@ def compile_cache_env() -> dict[str, str]:
 def command_env(**extra: str) -> dict[str, str]:
     """This process's environment for a command on one CPU device, with the repository on
     PYTHONPATH and the session cache; `extra` variables last."""
-    xla_flags = _DEVICE_COUNT_FLAG.sub("", os.environ.get("XLA_FLAGS", "")).strip()
-    return {**os.environ, "XLA_FLAGS": xla_flags, "PYTHONPATH": str(ROOT),
+    return {**os.environ, "XLA_FLAGS": one_device_xla_flags(), "PYTHONPATH": str(ROOT),
             **compile_cache_env(), **extra}
 
 

@@ -1,12 +1,15 @@
-"""Test set-up: 8 fake CPU devices before JAX is imported, so sharding tests run anywhere."""
+"""Test set-up: 8 fake CPU devices before JAX is imported, so sharding tests run anywhere,
+and XLA's fast-compiling CPU settings (tests/commands.py)."""
 
 import os
 
-from tests.commands import DIRECTORY_VARIABLE
+from tests.commands import DIRECTORY_VARIABLE, TEST_XLA_FLAGS
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += f" {TEST_XLA_FLAGS}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from spade_jax.config import load_config_file, parse
+from tests.commands import one_device_xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The runs of test_resume.py and test_gcs_workdir.py: three cycles, a new Designer batch each.
@@ -36,7 +37,7 @@ def start_run(workdir, log, *extra, env_extra=None) -> subprocess.Popen:
             [sys.executable, str(ROOT / "launch" / "train.py"),
              f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}", *RUN_ARGS, *extra],
             stdout=subprocess.DEVNULL, stderr=handle, cwd=log.parent,
-            env={**os.environ, "XLA_FLAGS": "", **(env_extra or {})})
+            env={**os.environ, "XLA_FLAGS": one_device_xla_flags(), **(env_extra or {})})
 
 
 def finish(proc, log) -> str:

@@ -15,6 +15,7 @@ from spade_jax.policy import Policy
 from spade_jax.readiness import abstract_train_state
 from spade_jax.rl.trainer import TrainConfig, make_optimizer
 from spade_jax.sharding import make_mesh
+from tests.commands import one_device_xla_flags
 from tests.scaleout.conftest import ROOT
 
 torch = pytest.importorskip("torch")
@@ -39,8 +40,7 @@ def trained_logits(workdir, tokens):
 @pytest.mark.slow
 def test_export_loads_in_transformers_with_our_logits(tiny_workdir, tmp_path):
     out = tmp_path / "hf"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=one_device_xla_flags(), JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, "launch/export.py", f"--checkpoint={tiny_workdir}/checkpoints/1",
          f"--out={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from tests.commands import one_device_xla_flags
 from tests.scaleout.conftest import ROOT
 
 nbformat = pytest.importorskip("nbformat")
@@ -33,7 +34,7 @@ def test_notebook_is_built_from_its_script():
 @pytest.mark.slow
 def test_notebook_runs_top_to_bottom_on_the_tiny_config(monkeypatch):
     # One CPU device in the kernel: the notebook's path on a laptop or a Colab CPU runtime.
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", one_device_xla_flags())
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(

@@ -10,6 +10,7 @@ import pytest
 from spade_jax.config import load_config_file, parse
 from spade_jax.plan import format_plan, memory_plan, plan_from_config, topology_devices
 from spade_jax.readiness import lower_for_platform
+from tests.commands import one_device_xla_flags
 from tests.scaleout.conftest import ROOT
 
 TOPOLOGY = "v5p-64"  # 32 chips: mesh (data 1, fsdp 4, tensor 8) for configs/30b.py
@@ -99,8 +100,8 @@ def test_readiness_command_compiles_30b_at_two_layers_and_counts_its_flops():
     attention + the recompute the step chooses (measured 1.16; 1.55 without the recompute).
     Dropless, each rank's buffer is 8x its balanced share (the small-shape test above shows
     what that costs)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # the command re-executes itself with 32 CPU devices
+    # The command re-executes itself with 32 CPU devices.
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=one_device_xla_flags())
     cmd = [sys.executable, "-m", "spade_jax.readiness", "--config=configs/30b.py",
            f"--topology={TOPOLOGY}", "--layers=2", "--context=1024", "--rollout_batch=32",
            "--config.model.moe_capacity_factor=1.0"]
