@@ -19,6 +19,7 @@ mesh and with the real parameter shardings:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -110,18 +111,31 @@ def decode_flops_reference(cfg, context: int) -> float:
         2 * cfg.d_model * cfg.vocab_size)
 
 
-def expert_buffer_note(cfg, mesh_shape: dict) -> str:
-    """How the compiled MoE sizes its expert buffers, which the FLOPs count in full."""
+def expert_buffer_note(cfg, mesh_shape: dict, tokens: int) -> str:
+    """How the compiled MoE sizes its expert buffers, which the FLOPs count in full, for a
+    micro-batch of `tokens`; and, dropless, whether a rank routes them in several chunks, a
+    loop whose body XLA counts once (so its expert FLOPs are under-counted)."""
+    from spade_jax.models.moe import MOE_TOKEN_CHUNK, TOKEN_AXES
+
     tp = mesh_shape.get("tensor", 1)
     n_local = cfg.n_experts // tp if cfg.n_experts % tp == 0 else cfg.n_experts
     ranks = cfg.n_experts // n_local
     worst = min(cfg.n_experts_per_tok, n_local) * ranks / cfg.n_experts_per_tok
-    if cfg.moe_capacity_factor is None:
-        return (f"experts dropless: each of the {ranks} expert ranks' buffers has room for the "
-                f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
-                "a capacity)")
-    return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer holds "
-            f"{cfg.moe_capacity_factor:g}x its balanced share, copies past it are dropped")
+    if cfg.moe_capacity_factor is not None:
+        return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer "
+                f"holds {cfg.moe_capacity_factor:g}x its balanced share, copies past it are "
+                "dropped")
+    note = (f"experts dropless: each of the {ranks} expert ranks' buffers has room for the "
+            f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
+            "a capacity)")
+    token_ranks = math.prod(mesh_shape.get(axis, 1) for axis in TOKEN_AXES)
+    per_rank = tokens // token_ranks if tokens % token_ranks == 0 else tokens
+    if per_rank > MOE_TOKEN_CHUNK:
+        chunks = -(-per_rank // MOE_TOKEN_CHUNK)
+        note += (f"; NOT COUNTED: a rank routes its {per_rank} tokens in {chunks} chunks of "
+                 f"{MOE_TOKEN_CHUNK}, a loop XLA counts once, so the FLOPs above hold one "
+                 f"chunk's expert FLOPs (lower --seq_len or raise --micro_batches to count all)")
+    return note
 
 
 def _flops(value: float) -> str:
@@ -374,7 +388,8 @@ def cost_lines(reports: list[ProgramReport], summary: dict, plan=None) -> list[s
     out = []
     train, decode = by_name.get("train_step"), by_name.get("sampler.decode")
     if train is not None and train.flops:
-        x = flops_per_token(train, n_devices, rows // summary["micro_batches"] * seq_len)
+        tokens = rows // summary["micro_batches"] * seq_len
+        x = flops_per_token(train, n_devices, tokens)
         y = train_flops_reference(cfg, seq_len, summary["logit_positions"])
         out.append(f"train step FLOPs/token: {_flops(x)} (6·N_active + attention: {_flops(y)}, "
                    f"ratio {x / y:.2f})")
@@ -384,7 +399,7 @@ def cost_lines(reports: list[ProgramReport], summary: dict, plan=None) -> list[s
                    f"{', remat=block layer forward' if summary['remat'] else ''}): "
                    f"{_flops(recompute)}, ratio {x / recompute:.2f}")
         if cfg.is_moe:
-            out.append(f"  {expert_buffer_note(cfg, summary['mesh'])}")
+            out.append(f"  {expert_buffer_note(cfg, summary['mesh'], tokens)}")
         out.append(f"  counted as XLA counts loops, each body once: one micro-batch, one of the "
                    f"{cfg.n_layers} decoder layers (N_active "
                    f"{active_params_per_layer(cfg) / 1e6:.1f}M), the output projection for "

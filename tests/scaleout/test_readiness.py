@@ -62,6 +62,20 @@ def _small_moe_train_ratios(mesh: dict, capacity_factor=None, n_experts_per_tok=
     return _ratios(cost_lines(reports, summary))
 
 
+def test_expert_note_says_when_a_dropless_rank_routes_tokens_xla_counts_once():
+    """The dropless MoE loops over 4096-token chunks per rank, a loop body XLA counts once:
+    the FLOPs line must say so rather than pass a one-chunk count off as the whole."""
+    from spade_jax.readiness import expert_buffer_note
+
+    cfg = parse(load_config_file("30b"), 32).model.arch
+    mesh = {"data": 1, "fsdp": 4, "tensor": 8}
+    assert "NOT COUNTED" not in expert_buffer_note(cfg, mesh, 4 * 4096)
+    note = expert_buffer_note(cfg, mesh, 4 * 8192 + 4)
+    assert "a rank routes its 8193 tokens in 3 chunks of 4096" in note, note
+    assert "NOT COUNTED" not in expert_buffer_note(
+        cfg.replace(moe_capacity_factor=1.0), mesh, 4 * 8192)
+
+
 def test_check_refuses_an_unknown_program_by_name():
     from spade_jax.readiness import check
 
