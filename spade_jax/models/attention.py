@@ -70,8 +70,9 @@ class SlotMask(NamedTuple):
     slots at or before its own that `kv_valid` [B, S] marks as real tokens.
 
     Every attention of the decoder has this form (the training forward at first slot 0, the
-    sampler's extends and decode steps at the cache's write index), so a kernel can build the
-    part of the mask it needs instead of reading a dense [B, T, S] one.
+    sampler's extends at a slot shared by all rows, its decode steps at each row's own slot,
+    `first_query_slot` [B]), so a kernel can build the part of the mask it needs instead of
+    reading a dense [B, T, S] one.
     """
 
     kv_valid: jax.Array
@@ -84,8 +85,8 @@ class SlotMask(NamedTuple):
         if n_keys is not None:
             valid = jax.lax.dynamic_slice_in_dim(valid, key_start, n_keys, axis=1)
         key_slot = key_start + jnp.arange(valid.shape[1])
-        query_slot = self.first_query_slot + jnp.arange(n_queries)
-        return (key_slot[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+        query_slot = jnp.asarray(self.first_query_slot)[..., None] + jnp.arange(n_queries)
+        return (key_slot <= query_slot[..., None]) & valid[:, None, :]
 
     def narrowed(self, query_offset: jax.Array | int, n_keys: int) -> SlotMask:
         """The mask of the queries from `query_offset` on against the first `n_keys` slots."""

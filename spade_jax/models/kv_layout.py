@@ -63,12 +63,17 @@ class KVLayout(enum.StrEnum):
 
     def write(self, layer: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
               slot: jax.Array | int) -> tuple[jax.Array, jax.Array]:
-        """`layer` with the block (k, v), in this layout, written from `slot` on."""
+        """`layer` with the block (k, v), in this layout, written from `slot` on: the same
+        slots for every row, or with `slot` [B] from each row's own slot (a slot past the
+        window drops that row's block), one in-place scatter."""
+        k, v = k.astype(layer[0].dtype), v.astype(layer[1].dtype)
         k_axis, v_axis = self.slot_axes
-        return (jax.lax.dynamic_update_slice_in_dim(layer[0], k.astype(layer[0].dtype), slot,
-                                                    k_axis),
-                jax.lax.dynamic_update_slice_in_dim(layer[1], v.astype(layer[1].dtype), slot,
-                                                    v_axis))
+        if jnp.ndim(slot) == 1:
+            targets = slot[:, None] + jnp.arange(k.shape[k_axis])
+            return (_set_rows_slots(layer[0], k_axis, k, targets),
+                    _set_rows_slots(layer[1], v_axis, v, targets))
+        return (jax.lax.dynamic_update_slice_in_dim(layer[0], k, slot, k_axis),
+                jax.lax.dynamic_update_slice_in_dim(layer[1], v, slot, v_axis))
 
     def slots(self, k: jax.Array, v: jax.Array, start: jax.Array | int,
               size: int) -> tuple[jax.Array, jax.Array]:
@@ -89,15 +94,11 @@ class KVLayout(enum.StrEnum):
         """Move each row's slots [start, start + W) to its own slots `targets` [B, W] (an
         out-of-range target drops that slot)."""
         width = targets.shape[1]
-
-        def move(array, axis):
-            staged = jax.lax.slice_in_dim(array, start, start + width, axis=axis)
-            index = (slice(None),) * (axis - 1)  # per row (vmapped): the slot axis moves up one
-            return jax.vmap(lambda c, s, t: c.at[(*index, t)].set(s, mode="drop"))(
-                array, staged, targets)
-
         k_axis, v_axis = self.slot_axes
-        return move(k, k_axis), move(v, v_axis)
+        return tuple(
+            _set_rows_slots(array, axis,
+                            jax.lax.slice_in_dim(array, start, start + width, axis=axis), targets)
+            for array, axis in ((k, k_axis), (v, v_axis)))
 
     def scores(self, q_rows: jax.Array, k: jax.Array) -> jax.Array:
         """Float32 products [B, K, R, S] of query rows [B, K, R, Dh] with the keys."""
@@ -110,3 +111,11 @@ class KVLayout(enum.StrEnum):
         if self is KVLayout.HEAD_MAJOR:
             return jnp.matmul(probs, v, preferred_element_type=jnp.float32)
         return jnp.einsum("bkrs,bskd->bkrd", probs, v, preferred_element_type=jnp.float32)
+
+
+def _set_rows_slots(array: jax.Array, axis: int, block: jax.Array,
+                    targets: jax.Array) -> jax.Array:
+    """`array` with row r's `block` slots (along `axis`) at its slots `targets[r]` [W] (out of
+    range: dropped)."""
+    index = (slice(None),) * (axis - 1)  # per row (vmapped): the slot axis moves up one
+    return jax.vmap(lambda c, s, t: c.at[(*index, t)].set(s, mode="drop"))(array, block, targets)

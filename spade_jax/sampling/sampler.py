@@ -5,7 +5,8 @@ mesh's platform runs without copies (`Sampler.kv_layout`) and, per row, its leng
 tokens fill its slots [0, lengths[r]) in order, with no gaps, so a row's capacity depends only
 on its own tokens. Writes are per row: a forward writes the whole batch at a shared *staging*
 range (the window's last slots, which every row leaves free) and attends there, then each row's
-new keys/values move to its own next slots. Rotary positions are per row too (a row's position
+new keys/values move to its own next slots; a decode step writes each row's token at its own
+slot directly (one in-place scatter per layer). Rotary positions are per row too (a row's position
 counts its tokens), so a row attends exactly to its own tokens in order, whatever the other
 rows hold — which is what makes left-padding invariance and "appending equals re-prefilling"
 hold.
@@ -220,13 +221,11 @@ def _decode(graphdef, state, fused, cache, lengths, pending, positions, limits, 
             exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids, *,
             max_top_k, layout):
     """At most `max_steps` decode steps (the caller keeps every running row's length + steps
-    below the window's last slot, its staging slot); the token buffers are as long as the
-    window. The loop also ends once `exit_after_finished` rows have finished (continuous
-    batching refills their slots)."""
+    within the window); the token buffers are as long as the window. The loop also ends once
+    `exit_after_finished` rows have finished (continuous batching refills their slots)."""
     model = nnx.merge(graphdef, state)
     layer_params, logits_of = _decode_weights(model, fused)
     batch, window = pending.shape[0], layout.n_slots(cache[0][1])
-    staging = window - 1
     max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
     buffers = (jnp.zeros((batch, window), jnp.int32),
@@ -242,13 +241,12 @@ def _decode(graphdef, state, fused, cache, lengths, pending, positions, limits, 
                 & (jnp.sum((limits > 0) & ~s.running) < exit_after_finished))
 
     def body(s: DecodeState) -> DecodeState:
-        kv_valid = _valid_slots(s.lengths, window) | (
-            (jnp.arange(window) == staging)[None, :] & s.running[:, None])
+        # Each running row writes its pending token at its own slot, in place; a finished
+        # row's write goes past the window and is dropped.
+        slots = jnp.where(s.running, s.lengths, window)
         hidden, cache = unrolled_forward(
-            model, layer_params, s.pending[:, None], s.positions[:, None], kv_valid, s.cache,
-            staging, layout)
-        cache = _move_staged(cache, staging, jnp.where(s.running, s.lengths, window)[:, None],
-                             layout)
+            model, layer_params, s.pending[:, None], s.positions[:, None],
+            _valid_slots(s.lengths + s.running, window), s.cache, slots, layout)
         logits = logits_of(hidden[:, 0])
         keys = row_keys(seed, row_ids, s.positions + 1)
         token, logp, sampling_logp = select_tokens(
@@ -712,10 +710,9 @@ class Session:
             return
         longest = int(self.lengths[: self.num_rows][running].max())
         want = int(turn.remaining[running].max())
-        # Grow the window geometrically, only as far as this segment needs; its last slot
-        # stages each step's writes.
+        # Grow the window geometrically, only as far as this segment needs.
         self._ensure_window(max(int(self.lengths.max()), longest + min(
-            want, max(_SEGMENT_MIN_STEPS, longest // 2))) + 1)
+            want, max(_SEGMENT_MIN_STEPS, longest // 2))))
         n = self.num_rows
         padded = lambda values: self.sampler.put_batch(np.concatenate(  # noqa: E731
             [np.asarray(values, np.int32), np.zeros((self.batch - n,), np.int32)]))
@@ -727,7 +724,7 @@ class Session:
             padded([seq[-1] for seq in self.sequences]),
             padded([len(seq) - 1 for seq in self.sequences]),
             padded(np.where(running, turn.remaining, 0)),
-            np.int32(self.window - 1 - longest), np.int32(exit_after), *turn.settings,
+            np.int32(self.window - longest), np.int32(exit_after), *turn.settings,
             self.sampler.put_batch(self.key_ids))
         n_gen, stopped = to_host(n_gen)[:n], to_host(stopped)[:n]
         buffers = tuple(to_host(b)[:n] for b in buffers)

@@ -326,6 +326,21 @@ def test_kv_cache_is_never_replicated_and_grows_layer_by_layer(model, sampler, m
             assert array.addressable_shards[0].data.size * 8 == array.size, array.sharding
 
 
+@pytest.mark.parametrize("layout", list(KVLayout))
+def test_decode_loop_updates_the_cache_in_place(model, layout):
+    """Each decode step writes each row's token into the cache in place: no copy of a whole
+    layer's keys or values in the compiled loop (a staged write moved by a second scatter cost
+    XLA-CPU two copies of every layer's cache per generated token)."""
+    sampler = Sampler(model, mesh=make_mesh((1, 1, 1), jax.devices()[:1]), kv_layout=layout)
+    hlo = sampler.lower("decode", 4, 64).compile().as_text()
+    shapes = {",".join(map(str, shape)) for shape in layout.shapes(4, 64, CFG.n_kv_heads,
+                                                                    CFG.head_dim)}
+    copies = [line for line in hlo.splitlines()
+              if re.search(r"= f32\[([\d,]+)\]\S* copy\(", line)
+              and re.search(r"= f32\[([\d,]+)\]", line).group(1) in shapes]
+    assert "while" in hlo and not copies, copies[:4]
+
+
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (1, 2, 4)])
 def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_shape):
     """The TPU/GPU cache layout ([B, S, K, Dh]) runs the same maths as the CPU one: prefill,
