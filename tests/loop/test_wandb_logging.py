@@ -41,6 +41,9 @@ def test_metrics_reach_an_offline_wandb_run_resumed_by_its_workdir(tmp_path, mon
     assert [json.loads(line)["spade_probe/first"]
             for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [1234.5, 6789.25]
 
+    # W&B names an offline run's directory by its start time to the second: a resumed run
+    # started within the first run's second would share its directory.
+    time.sleep(1.1)
     MetricsWriter(str(workdir), logging=LoggingConfig(wandb=True)).close()  # a resumed run
     assert len(list((workdir / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
 
