@@ -3,8 +3,8 @@ README code).
 
 `tests/conftest.py` gives the test process 8 fake CPU devices for the sharding tests, XLA's CPU
 backend at its lowest optimization level (TEST_XLA_FLAGS), and one persistent compilation cache
-per session, named in SPADE_TEST_COMPILE_CACHE_DIR. A command a
-test starts runs on one CPU device, as on a user's laptop, unless the test is about sharding:
+per session, named in SPADE_TEST_COMPILE_CACHE_DIR. A command a test starts keeps the flags
+but runs on one CPU device, as on a user's laptop, unless the test is about sharding:
 inheriting the 8 devices would run it on a mesh it does not test, and slower. Pointed at the
 session cache, it loads the small programs the tests before it compiled. Where the cache
 itself is what a test checks, the test keeps its own.
