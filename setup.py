@@ -32,6 +32,7 @@ EXTRAS = {
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",
+        "pytest-xdist>=3.6",  # the suite runs on every core (pyproject.toml's addopts)
         "ruff==0.17.6",
         "torch==2.13.0",
         "accelerate==1.15.0",
