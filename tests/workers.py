@@ -22,10 +22,14 @@ SHARED_FIXTURE_UNITS = {
 UNIT_OF_FILE = {path: unit for unit, paths in SHARED_FIXTURE_UNITS.items() for path in paths}
 
 
+def file_of(nodeid: str) -> str:
+    """The file part of a test id."""
+    return nodeid.split("::")[0]
+
+
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its shared-fixture unit, else its file."""
-    path = nodeid.split("::")[0]
-    return UNIT_OF_FILE.get(path, path)
+    return UNIT_OF_FILE.get(file_of(nodeid), file_of(nodeid))
 
 
 class SharedFixtureScheduling(LoadFileScheduling):
@@ -42,7 +46,7 @@ def shared_fixture_files(items) -> dict[str, set[str]]:
         for name, definitions in item._fixtureinfo.name2fixturedefs.items():
             definition = definitions[-1]
             if definition.scope == "session" and definition.baseid:  # ours, not a plugin's
-                users.setdefault(name, set()).add(item.nodeid.split("::")[0])
+                users.setdefault(name, set()).add(file_of(item.nodeid))
     return users
 
 
