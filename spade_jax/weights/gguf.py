@@ -1,11 +1,11 @@
 """GGUF import: llama.cpp files (e.g. the embedded SmolLM2-135M-Instruct) as float32 weights.
 
-The `gguf` package reads the file and dequantises every tensor to float32; tensors are renamed
-to HF names and llama.cpp's q/k row permutation (applied by its converter for Llama-family
-models so RoPE can rotate interleaved pairs) is undone, exactly as transformers' GGUF loader
-does, so the weights equal transformers' and our rotate-half RoPE applies unchanged. The
-hyper-parameters come from the GGUF metadata. Then the shared HF-layout loader builds the
-sharded model.
+`gguf_file.GGUFFile` reads the file and the `gguf` package dequantises every tensor to float32;
+tensors are renamed to HF names and llama.cpp's q/k row permutation (applied by its converter
+for Llama-family models so RoPE can rotate interleaved pairs) is undone, exactly as
+transformers' GGUF loader does, so the weights equal transformers' and our rotate-half RoPE
+applies unchanged. The hyper-parameters come from the GGUF metadata. Then the shared HF-layout
+loader builds the sharded model.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from spade_jax.errors import CheckpointError, MissingFileError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
+from spade_jax.weights.gguf_file import GGUFFile, GGUFFormatError
 from spade_jax.weights.loading import ArraySource, load_model
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,20 +66,20 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def open_gguf(path: str | Path) -> gguf.GGUFReader:
-    """A GGUFReader for `path`, with clear errors for a missing or malformed file."""
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The GGUF file at `path`, with clear errors for a missing or malformed file."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} does not exist")
     try:
-        return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, KeyError) as err:
+        return GGUFFile(path)
+    except (GGUFFormatError, UnicodeDecodeError, OSError) as err:
         raise CheckpointError(f"{path} is not a readable GGUF file: {err}") from err
 
 
-def _field(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFFile, key: str, default=None):
+    value = reader.fields.get(key)
+    return default if value is None else value
 
 
 def _float32_value(value) -> float:
@@ -86,7 +87,7 @@ def _float32_value(value) -> float:
     return float(str(np.float32(value)))
 
 
-def gguf_model_config(reader: gguf.GGUFReader, where: str = "GGUF") -> ModelConfig:
+def gguf_model_config(reader: GGUFFile, where: str = "GGUF") -> ModelConfig:
     """Our ModelConfig from the GGUF metadata (`{arch}.block_count`, ...)."""
     arch = _field(reader, "general.architecture")
     if arch not in _FAMILIES:
@@ -107,7 +108,7 @@ def gguf_model_config(reader: gguf.GGUFReader, where: str = "GGUF") -> ModelConf
 
     d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = get("vocab_size", len(tokens.data) if tokens is not None else None)
+    vocab = get("vocab_size", len(tokens) if tokens is not None else None)
     moe = arch == "qwen3moe"
     cfg = ModelConfig(
         vocab_size=int(vocab),
@@ -154,7 +155,7 @@ def unpermute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_hf_tensors(
-    reader: gguf.GGUFReader, cfg: ModelConfig, where: str = "GGUF"
+    reader: GGUFFile, cfg: ModelConfig, where: str = "GGUF"
 ) -> dict[str, np.ndarray]:
     """Every GGUF tensor dequantised to float32, under its HF name and in HF layout."""
     arrays: dict[str, np.ndarray] = {}
