@@ -10,7 +10,6 @@ from xdist.scheduler import LoadFileScheduling
 SHARED_FIXTURE_UNITS = {
     "learning_runtime_session": ("tests/learning/test_agent_learns.py",
                                  "tests/learning/test_designer_learns.py"),
-    "reference_run": ("tests/loop/test_gcs_workdir.py", "tests/loop/test_resume.py"),
     "tiny_runtime": ("tests/loop/test_cycle.py", "tests/loop/test_sampling_roles.py",
                      "tests/loop/test_self_validation.py"),
     "tiny_workdir": ("tests/scaleout/test_checkpoint_topology.py",

@@ -1,6 +1,7 @@
 """Workdirs in a `gs://` bucket: the I/O helpers, the checkpointer, and a tiny run that is
-SIGKILLed after its first checkpoint, resumes from the bucket and logs the same later metrics
-as an uninterrupted local run.
+SIGKILLed mid-cycle after its first checkpoint, resumes from the bucket and continues exactly
+as an uninterrupted local run: the same metrics, generated environments and play statistics,
+cycle by cycle (the reproducibility contract: same config and seed, same run).
 
 The bucket is a local GCS emulator (`tests/gcs_emulator.py` around `gcp-storage-emulator`, a
 test extra, with GCS's generation header and preconditions). Every I/O path of
@@ -11,6 +12,7 @@ the second run in that workdir, so it must load compiled programs from the bucke
 """
 
 import json
+import os
 import re
 import signal
 import socket
@@ -23,10 +25,40 @@ import pytest
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
 from spade_jax.workdir import compile_cache_dir, open_append, write_text_atomic
-from tests.loop.conftest import ROOT, finish, start_run
+from tests.commands import ROOT, one_device_xla_flags
 
 BUCKET = "spade-test"
 CACHE_LINE = re.compile(r"compilation cache (\S+): (\d+) hits, (\d+) misses")
+# Three cycles, a new Designer batch each.
+RUN_ARGS = ["--config.total_cycles=3", "--config.spade.regen_interval=1"]
+
+
+def start_run(workdir, log, env_extra=None) -> subprocess.Popen:
+    """Start launch/train.py on configs/tiny.py with RUN_ARGS on one CPU device; its log goes
+    to the file `log` (a pipe could fill up and block it)."""
+    with open(log, "w") as handle:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "launch" / "train.py"),
+             f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}", *RUN_ARGS],
+            stdout=subprocess.DEVNULL, stderr=handle, cwd=log.parent,
+            env={**os.environ, "XLA_FLAGS": one_device_xla_flags(), **(env_extra or {})})
+
+
+def finish(proc, log) -> str:
+    """Wait for a run to succeed; its log."""
+    proc.wait(timeout=1200)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """(workdir, log) of one uninterrupted local run with its own compilation cache (the
+    default, <workdir>/compile_cache, fresh): what the killed-and-resumed run must reproduce."""
+    root = tmp_path_factory.mktemp("reference_run")
+    workdir, log = root / "reference", root / "reference.log"
+    return workdir, finish(start_run(workdir, log), log)
 
 
 def free_port() -> int:
@@ -150,6 +182,16 @@ def test_compile_cache_dir_defaults_to_the_workdir_and_empty_turns_it_off():
     assert compile_cache_dir("runs/t", "") is None
 
 
+def files_under(directory, prefix="") -> list[str]:
+    """Relative paths of the files below `directory`, walked one listing at a time (epath's
+    gs:// paths refuse recursive globs)."""
+    found = []
+    for path in directory.iterdir():
+        name = f"{prefix}{path.name}"
+        found += files_under(path, f"{name}/") if path.is_dir() else [name]
+    return sorted(found)
+
+
 def cache_counts(stderr: str) -> tuple[str, int, int]:
     match = CACHE_LINE.search(stderr)
     assert match, stderr[-3000:]
@@ -157,7 +199,7 @@ def cache_counts(stderr: str) -> tuple[str, int, int]:
 
 
 @pytest.mark.slow  # about 4 min on 2 shared cores: runs in CI
-def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
+def test_gs_workdir_killed_mid_cycle_resumes_from_the_bucket_exactly(
         tmp_path, emulator_env, bucket, reference_run):
     reference, stderr = reference_run
     _, ref_hits, ref_misses = cache_counts(stderr)
@@ -171,6 +213,8 @@ def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
         assert time.time() < deadline, "checkpoint 1 did not appear in the bucket"
         time.sleep(0.5)
+    time.sleep(3)  # into cycle 1
+    assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "gs:").exists()  # nothing under <cwd>/gs:/... (the old bug)
@@ -185,7 +229,7 @@ def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
     ref_rows = {r["cycle"]: r for r in map(json.loads,
                                            (reference / "metrics.jsonl").read_text().splitlines())}
     run = bucket / "run"
-    # The killed run logged cycle 0 (perhaps cycle 1 too); the resumed run re-does cycle 1.
+    # The killed run logged cycle 0 (perhaps part of cycle 1); the resumed run re-does cycle 1.
     lines = (run / "metrics.jsonl").read_text().splitlines()
     rows = {r["cycle"]: r for r in map(json.loads, lines)}
     assert sorted(rows) == [0, 1, 2]
@@ -197,10 +241,11 @@ def test_gs_workdir_killed_after_first_checkpoint_resumes_from_the_bucket(
                     cycle, key)
     assert (run / "config.json").exists()
     assert any((run / "tensorboard").iterdir())
+    # Identical generated environments (code, validation reports, play statistics).
     for cycle in (0, 1, 2):
         ref_dir = reference / "envs" / f"cycle_{cycle:05d}"
-        names = sorted(p.name for p in ref_dir.iterdir() if p.is_file())
-        got = run / "envs" / f"cycle_{cycle:05d}"
-        assert sorted(p.name for p in got.iterdir() if not p.is_dir()) == names
-        for name in names:
-            assert (got / name).read_text() == (ref_dir / name).read_text(), name
+        got_dir = run / "envs" / f"cycle_{cycle:05d}"
+        ref_files = files_under(ref_dir)
+        assert files_under(got_dir) == ref_files
+        for name in ref_files:
+            assert (got_dir / name).read_text() == (ref_dir / name).read_text(), name

@@ -6,7 +6,7 @@ import sys
 import gguf
 import pytest
 
-from tests.loop.conftest import ROOT
+from tests.commands import ROOT
 
 
 @pytest.mark.parametrize("override, message", [
