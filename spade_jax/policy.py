@@ -22,7 +22,7 @@ from spade_jax import hf_cache
 from spade_jax.errors import ConfigError, MissingFileError
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer, forward_logits
-from spade_jax.sharding import fit_spec, make_mesh, param_shardings
+from spade_jax.sharding import BATCH_AXES, fit_spec, make_mesh, param_shardings
 from spade_jax.weights import (
     load_gguf,
     load_hf_model,
@@ -74,9 +74,9 @@ class Policy:
         graphdef, state = nnx.split(self.model)
         key = (graphdef, tokens.shape)
         if key not in self._jitted:
-            batch = self._sharding(PartitionSpec(("data", "fsdp"), None), tokens.shape)
+            batch = self._sharding(PartitionSpec(BATCH_AXES, None), tokens.shape)
             out = self._sharding(
-                PartitionSpec(("data", "fsdp"), None, "tensor"),
+                PartitionSpec(BATCH_AXES, None, "tensor"),
                 (*tokens.shape, self.config.vocab_size),
             )
             self._jitted[key] = jax.jit(

@@ -14,6 +14,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the axes a batch (rows, tokens, KV-cache rows) is split over
 
 
 def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
@@ -86,8 +87,8 @@ def kv_cache_axes(n_kv_heads: int, mesh_shape) -> tuple[tuple[str, ...], str | N
     batch over 'tensor' too, so no device holds a replica (4 KV heads on tensor = 8 would
     otherwise copy the whole cache 8 times)."""
     if n_kv_heads % mesh_shape["tensor"] == 0:
-        return ("data", "fsdp"), "tensor"
-    return ("data", "fsdp", "tensor"), None
+        return BATCH_AXES, "tensor"
+    return (*BATCH_AXES, "tensor"), None
 
 
 def param_specs(state: nnx.State, mesh: Mesh) -> nnx.State:

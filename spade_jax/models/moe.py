@@ -40,8 +40,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from spade_jax.sharding import BATCH_AXES
+
 EXPERT_AXIS = "tensor"
-TOKEN_AXES = ("data", "fsdp")
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, normalise: bool):
@@ -252,8 +253,8 @@ def _chunked_local_experts(x, top_idx, top_vals, gate, up, down, first_expert, c
 
 def _token_spec(n_tokens: int, mesh) -> PartitionSpec:
     """Tokens over ('data', 'fsdp') where they divide evenly, else replicated."""
-    size = math.prod(mesh.shape[a] for a in TOKEN_AXES)
-    return PartitionSpec(TOKEN_AXES if n_tokens % size == 0 else None, None)
+    size = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    return PartitionSpec(BATCH_AXES if n_tokens % size == 0 else None, None)
 
 
 def _rank_experts(x, top_idx, top_vals, gate, up, down, first_expert, *, n_ranks,
@@ -287,7 +288,7 @@ def moe_mlp(
     expert_copies = jnp.sum(jax.nn.one_hot(top_idx.reshape(-1), n_experts, dtype=jnp.float32),
                             axis=0)
     mesh = jax.sharding.get_abstract_mesh()
-    expert_parallel = (set(mesh.axis_names) == {*TOKEN_AXES, EXPERT_AXIS}
+    expert_parallel = (set(mesh.axis_names) == {*BATCH_AXES, EXPERT_AXIS}
                        and mesh.shape[EXPERT_AXIS] > 1 and n_experts % mesh.shape[EXPERT_AXIS] == 0)
     if not expert_parallel:
         out, dropped = _rank_experts(flat, top_idx, top_vals, gate, up, down, 0, n_ranks=1,
@@ -297,7 +298,7 @@ def moe_mlp(
     n_ranks = mesh.shape[EXPERT_AXIS]
     n_local = n_experts // n_ranks
     tokens = _token_spec(flat.shape[0], mesh)
-    all_axes = (*TOKEN_AXES, EXPERT_AXIS) if tokens[0] else EXPERT_AXIS
+    all_axes = (*BATCH_AXES, EXPERT_AXIS) if tokens[0] else EXPERT_AXIS
 
     def shard(x, top_idx, top_vals, gate, up, down):
         first = jax.lax.axis_index(EXPERT_AXIS) * n_local

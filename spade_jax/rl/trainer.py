@@ -38,9 +38,8 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.logprobs import token_logprobs
 from spade_jax.rl.losses import LossAggregation, ppo_clip_loss
-from spade_jax.sharding import param_shardings, traced_in_mesh
+from spade_jax.sharding import BATCH_AXES, param_shardings, traced_in_mesh
 
-_BATCH_AXES = ("data", "fsdp")
 ROUTER_LOAD_KEY = "router_load"  # the sums' entry holding a MoE's `moe.RouterLoad` per layer
 
 
@@ -241,16 +240,16 @@ class TrainStep:
             self.graphdef, self.config, self.compute_dtype, params, micro, reference)
 
     def _batch_sharding(self, a) -> NamedSharding:
-        return NamedSharding(self.mesh, PartitionSpec(_BATCH_AXES, *[None] * (a.ndim - 1)))
+        return NamedSharding(self.mesh, PartitionSpec(BATCH_AXES, *[None] * (a.ndim - 1)))
 
     def _gradient_sums(self, params, reference, batch: dict, m: int, initial=None):
         """(float32 grad sums, loss numerator, count and metric sums) over `m` micro-batches,
         added to `initial` (sums of earlier batches) when given."""
-        micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES))
+        micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, BATCH_AXES))
         micro = jax.tree.map(
             lambda a: jax.lax.with_sharding_constraint(
                 a.reshape(m, a.shape[0] // m, *a.shape[1:]),
-                NamedSharding(self.mesh, PartitionSpec(None, _BATCH_AXES, *[None] * (a.ndim - 1)))
+                NamedSharding(self.mesh, PartitionSpec(None, BATCH_AXES, *[None] * (a.ndim - 1)))
                 if a.ndim > 1 else micro_sharding),
             batch)
         grad_of = jax.value_and_grad(self._loss, has_aux=True)

@@ -61,6 +61,7 @@ from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K, row_keys, select_tokens
 from spade_jax.seeding import check_seed
 from spade_jax.sharding import (
+    BATCH_AXES,
     fit_spec,
     kv_cache_axes,
     make_mesh,
@@ -369,7 +370,7 @@ class Sampler:
         return sum(f._cache_size() for f in self._jitted.values()) + self._prepare._cache_size()
 
     def batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
-        spec = PartitionSpec(("data", "fsdp"), *([None] * (len(shape) - 1)))
+        spec = PartitionSpec(BATCH_AXES, *([None] * (len(shape) - 1)))
         return NamedSharding(self.mesh, fit_spec(spec, shape, self.mesh))
 
     def put_batch(self, value: np.ndarray) -> jax.Array:
