@@ -72,6 +72,15 @@ def traced_in_mesh(fn, mesh: Mesh):
     return wrapped
 
 
+def constrain(x: jax.Array, spec: PartitionSpec | tuple) -> jax.Array:
+    """`x` held with sharding `spec` (less the axes that do not divide it) on the context mesh;
+    unchanged outside one. Pins activations where XLA's propagation would pick a worse layout."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, fit_spec(spec, x.shape, mesh)))
+
+
 def fit_spec(spec: PartitionSpec | tuple, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """Drop mesh axes from `spec` that do not divide the matching dimension of `shape`."""
     fitted = []

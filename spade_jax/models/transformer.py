@@ -20,6 +20,12 @@ from spade_jax.models import layers, moe
 from spade_jax.models.attention import SlotMask, attention
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.kv_layout import KVLayout
+from spade_jax.sharding import BATCH_AXES, constrain
+
+# The residual stream [B, T, D] between layers: rows over the batch axes, D whole. Pinned so
+# that XLA gathers each layer's fsdp-split weights (FSDP) rather than contracting over the
+# split D and all-reducing activations of the whole batch.
+ROWS_SPLIT = (BATCH_AXES, None, None)
 
 
 def _param(rngs: nnx.Rngs, shape, spec, dtype, scale=0.02) -> nnx.Param:
@@ -97,13 +103,13 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         # `is None`, not `or`: a numpy dtype is falsy (it has no fields)
         dtype = self.embed.dtype if compute_dtype is None else jnp.dtype(compute_dtype)
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(dtype)
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dtype), ROWS_SPLIT)
         mask = SlotMask(kv_mask, 0)
 
         def block(x, params):
             params = jax.tree.map(lambda a: a.astype(dtype), params)
             x, _, load = decoder_block(cfg, params, x, positions, mask, None, 0)
-            return x, load
+            return constrain(x, ROWS_SPLIT), load
 
         if remat:
             block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
