@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from spade_jax.models.layers import vocab_logits
-from spade_jax.models.transformer import Transformer, positions_from_mask
+from spade_jax.models.transformer import ROWS_SPLIT, Transformer, positions_from_mask
 from spade_jax.sharding import BATCH_AXES, constrain
 
 
@@ -36,7 +36,7 @@ def chunked_target_logprobs(
 
     @jax.checkpoint
     def chunk_logprobs(h, t):
-        h = constrain(h, (BATCH_AXES, None, None))
+        h = constrain(h, ROWS_SPLIT)
         logits = constrain(vocab_logits(h, weight, vocab_major), (BATCH_AXES, None, "tensor"))
         target = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
         return target - jax.nn.logsumexp(logits, axis=-1)

@@ -78,8 +78,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 def _field(reader: GGUFFile, key: str, default=None):
-    value = reader.fields.get(key)
-    return default if value is None else value
+    return reader.fields.get(key, default)
 
 
 def _float32_value(value) -> float:
