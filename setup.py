@@ -21,7 +21,6 @@ CORE = [
     "safetensors>=0.4",
     "numpy>=2.0",
     "tqdm>=4.66",
-    "tensorboardX>=2.6",
 ]
 
 EXTRAS = {
@@ -42,6 +41,7 @@ EXTRAS = {
         "matplotlib>=3.8",
         "gcp-storage-emulator>=2026.7",  # the gs:// workdir test's local bucket
         "wandb>=0.18",  # the W&B logging test, in WANDB_MODE=offline
+        "tensorboard>=2.16",  # reads back our event files (tests/test_event_file.py)
         "datasets>=3.0",  # the hf: corpus test, from a Hugging Face cache built offline
         # libtpu: the TPU compiler, ahead of time for a slice's topology (no TPU needed), for
         # the tests of what it makes of our programs (tests/sampling/test_tpu_layout.py)

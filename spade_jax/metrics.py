@@ -18,7 +18,8 @@ from collections import defaultdict
 import numpy as np
 from etils import epath
 
-from spade_jax.workdir import is_remote, open_append, register_tensorboard_bucket_writer
+from spade_jax.event_file import ScalarEventWriter
+from spade_jax.workdir import is_remote, open_append
 
 WANDB_INSTALL = "pip install -e .[wandb]"
 WANDB_ID_FILE = "wandb_run_id"  # in the workdir: a resumed run logs to the same W&B run
@@ -39,11 +40,7 @@ class MetricsWriter:
         directory = epath.Path(workdir)
         directory.mkdir(parents=True, exist_ok=True)
         self._jsonl = open_append(directory / "metrics.jsonl")
-        from tensorboardX import SummaryWriter
-
-        if is_remote(workdir):
-            register_tensorboard_bucket_writer()
-        self._tb = SummaryWriter(str(directory / "tensorboard"))
+        self._tb = ScalarEventWriter(directory / "tensorboard")
         if logging is not None and logging.wandb:
             self._wandb = _start_wandb(directory, logging, config or {})
 
@@ -55,9 +52,7 @@ class MetricsWriter:
         record = {"cycle": step, "time": time.time(), **clean}
         self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
         self._jsonl.flush()
-        for key, value in clean.items():
-            if value is not None:
-                self._tb.add_scalar(key, value, step)
+        self._tb.write(step, {k: v for k, v in clean.items() if v is not None})
         self._tb.flush()
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)

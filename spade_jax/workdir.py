@@ -94,28 +94,6 @@ def open_append(path: str | os.PathLike, *, binary: bool = False):
     return open(path, "a", encoding="utf-8")  # noqa: SIM115
 
 
-class _TensorBoardBucketWriters:
-    """tensorboardX writer factory for `gs://` logdirs, going through `open_append`.
-
-    tensorboardX's own gs:// writer needs google-cloud-storage and its own credentials; this
-    keeps event files on the same I/O path (and the same emulator settings) as the rest.
-    """
-
-    def open(self, path: str):
-        return open_append(path, binary=True)
-
-    def directory_check(self, path: str) -> None:
-        """Buckets have no directories to create."""
-
-
-def register_tensorboard_bucket_writer() -> None:
-    """Make tensorboardX write `gs://` event files through `open_append` (idempotent)."""
-    from tensorboardX import record_writer
-
-    for prefix in REMOTE_PREFIXES:
-        record_writer.register_writer_factory(prefix.rstrip(":/"), _TensorBoardBucketWriters())
-
-
 COMPILE_CACHE_SUBDIR = "compile_cache"
 _CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
                  "/jax/compilation_cache/cache_misses": "misses"}
