@@ -115,7 +115,7 @@ def expert_buffer_note(cfg, mesh_shape: dict, tokens: int) -> str:
     """How the compiled MoE sizes its expert buffers, which the FLOPs count in full, for a
     micro-batch of `tokens`; and, dropless, whether a rank routes them in several chunks, a
     loop whose body XLA counts once (so its expert FLOPs are under-counted)."""
-    from spade_jax.models.moe import MOE_TOKEN_CHUNK
+    from spade_jax.models.moe import MOE_TOKEN_CHUNK, tokens_split
     from spade_jax.sharding import BATCH_AXES
 
     tp = mesh_shape.get("tensor", 1)
@@ -130,7 +130,7 @@ def expert_buffer_note(cfg, mesh_shape: dict, tokens: int) -> str:
             f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
             "a capacity)")
     token_ranks = math.prod(mesh_shape.get(axis, 1) for axis in BATCH_AXES)
-    per_rank = tokens // token_ranks if tokens % token_ranks == 0 else tokens
+    per_rank = tokens // token_ranks if tokens_split(tokens, mesh_shape) else tokens
     if per_rank > MOE_TOKEN_CHUNK:
         chunks = -(-per_rank // MOE_TOKEN_CHUNK)
         note += (f"; NOT COUNTED: a rank routes its {per_rank} tokens in {chunks} chunks of "

@@ -251,10 +251,14 @@ def _chunked_local_experts(x, top_idx, top_vals, gate, up, down, first_expert, c
     return out.reshape(n_chunks * chunk, -1)[:n_tokens], jnp.sum(dropped)
 
 
+def tokens_split(n_tokens: int, mesh_shape) -> bool:
+    """Whether the expert-parallel layer splits its `n_tokens` over ('data', 'fsdp'): where
+    they divide evenly; otherwise every rank routes them all. `mesh_shape`: axis -> size."""
+    return n_tokens % math.prod(mesh_shape.get(a, 1) for a in BATCH_AXES) == 0
+
+
 def _token_spec(n_tokens: int, mesh) -> PartitionSpec:
-    """Tokens over ('data', 'fsdp') where they divide evenly, else replicated."""
-    size = math.prod(mesh.shape[a] for a in BATCH_AXES)
-    return PartitionSpec(BATCH_AXES if n_tokens % size == 0 else None, None)
+    return PartitionSpec(BATCH_AXES if tokens_split(n_tokens, dict(mesh.shape)) else None, None)
 
 
 def _rank_experts(x, top_idx, top_vals, gate, up, down, first_expert, *, n_ranks,
