@@ -12,8 +12,10 @@ All knobs are traced scalars, so changing them never recompiles:
   every row it is taken from them (exact); otherwise a bisection on a probability threshold over
   the full vocabulary finds the smallest kept set (exact up to ties and 30 halvings of the
   threshold in log space) — O(vocab) per halving, never a sort.
-- sampling is Gumbel-max with one draw per vocabulary entry keyed per row, so which path ran
-  (it depends on the whole batch) never changes a row's token.
+- sampling is Gumbel-max. A token's noise is a hash (Threefry) of its row's key and its
+  vocabulary index, so which path ran (it depends on the whole batch) never changes a row's
+  token, and the candidate path computes noise for its candidates only, not for the whole
+  vocabulary on every decode step.
 
 Two log-probabilities come back for each chosen token:
 - `policy_logp`: log-softmax of the raw logits (temperature 1, no truncation), the quantity the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.extend.random import threefry2x32_p
 
 DEFAULT_MAX_TOP_K = 64
 _BISECTION_STEPS = 30
@@ -64,7 +67,25 @@ def _nucleus_threshold_bisect(log_probs: jax.Array, top_p: jax.Array) -> jax.Arr
     return jnp.where(top_mass >= top_p, high, low)
 
 
-def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, noise, top_k, top_p):
+def gumbel_noise(keys: jax.Array, indices: jax.Array) -> jax.Array:
+    """Gumbel(0, 1) noise [B, n] at vocabulary `indices` [B, n] for rows with PRNG `keys` [B].
+
+    Each value is a function of its row's key and its index only (one Threefry-2x32 block per
+    value), so noise drawn for a row's top candidates equals the noise at those tokens when the
+    whole vocabulary is drawn.
+    """
+    words = jax.vmap(lambda key: jax.random.bits(key, (2,), jnp.uint32))(keys)  # [B, 2]
+    counters = indices.astype(jnp.uint32)
+    k0 = jnp.broadcast_to(words[:, :1], counters.shape)
+    k1 = jnp.broadcast_to(words[:, 1:], counters.shape)
+    bits, _ = threefry2x32_p.bind(k0, k1, counters, jnp.zeros_like(counters))
+    # 23 random mantissa bits: uniform on [0, 1), then kept off 0 as jax.random.gumbel does.
+    uniform = jax.lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    uniform = jnp.maximum(uniform, jnp.finfo(jnp.float32).tiny)
+    return -jnp.log(-jnp.log(uniform))
+
+
+def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys, top_k, top_p):
     """Sample among the sorted top-`max_top_k` candidates after top-k and top-p masking.
 
     With top-k on, top-p sees the renormalised top-k distribution; with it off, the full one
@@ -77,7 +98,7 @@ def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, noise, top_k, to
     probs = jnp.exp(vals - log_norm[:, None])
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     vals = jnp.where(mass_before < top_p, vals, _NEG_INF)  # the first candidate always stays
-    choice = jnp.argmax(vals + jnp.take_along_axis(noise, cand_idx, axis=-1), axis=-1)
+    choice = jnp.argmax(vals + gumbel_noise(keys, cand_idx), axis=-1)
     chosen = jnp.take_along_axis(cand_idx, choice[:, None], axis=-1)[:, 0]
     logp = jnp.take_along_axis(vals, choice[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
         vals, axis=-1
@@ -85,7 +106,7 @@ def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, noise, top_k, to
     return chosen, logp
 
 
-def _sample_full_vocab(scaled, noise, top_p):
+def _sample_full_vocab(scaled, keys, top_p):
     """Sample from the whole vocabulary, restricted to the nucleus found by bisection."""
     log_probs = jax.nn.log_softmax(scaled, axis=-1)
     threshold = jax.lax.cond(
@@ -94,7 +115,8 @@ def _sample_full_vocab(scaled, noise, top_p):
         lambda: jnp.full(log_probs.shape[:1], _NEG_INF),
     )
     vals = jnp.where(log_probs >= threshold[:, None], log_probs, _NEG_INF)
-    chosen = first_argmax(vals + noise)
+    vocab = jnp.broadcast_to(jnp.arange(vals.shape[-1], dtype=jnp.int32), vals.shape)
+    chosen = first_argmax(vals + gumbel_noise(keys, vocab))
     logp = jnp.take_along_axis(vals, chosen[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
         vals, axis=-1
     )
@@ -129,15 +151,14 @@ def select_tokens(
         full_log_norm = jax.nn.logsumexp(scaled, axis=-1)
         cand_mass = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1)
         use_candidates = (top_k > 0) | ((top_p < 1.0) & jnp.all(cand_mass >= top_p))
-        # One Gumbel draw per vocabulary entry (Gumbel-max sampling): both paths pick the same
-        # token from the same kept set, so a row's sample never depends on the other rows.
-        noise = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(keys)
+        # Gumbel-max with per-(row, token) noise: both paths pick the same token from the
+        # same kept set, so a row's sample never depends on the other rows.
         return jax.lax.cond(
             use_candidates,
             lambda: _sample_from_candidates(
-                cand_vals, cand_idx, full_log_norm, noise, top_k, top_p
+                cand_vals, cand_idx, full_log_norm, keys, top_k, top_p
             ),
-            lambda: _sample_full_vocab(scaled, noise, top_p),
+            lambda: _sample_full_vocab(scaled, keys, top_p),
         )
 
     tokens, sampling_logp = jax.lax.cond(temperature > 0, sample, greedy)
