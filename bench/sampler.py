@@ -103,13 +103,20 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
     return batch * steps / seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def decode_bench_args(doc: str) -> argparse.Namespace:
+    """The decode benchmarks' flags: --batches (comma-separated), --new-tokens, --runs."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    args.batches = [int(b) for b in args.batches.split(",")]
+    return args
+
+
+def main() -> None:
+    args = decode_bench_args(__doc__)
+    batches = args.batches
 
     import torch
     import transformers

@@ -11,22 +11,17 @@ the price of token selection: top-k candidates, nucleus, noise and the per-row k
 
 from __future__ import annotations
 
-import argparse
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
-from sampler import QUESTIONS, cpu_model, timed  # noqa: E402 (bench/sampler.py)
+from sampler import QUESTIONS, cpu_model, decode_bench_args, timed  # noqa: E402 (bench/sampler.py)
 
 SAMPLED = dict(temperature=0.6, top_k=20, top_p=0.95)  # config.py's designer/agent defaults
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = decode_bench_args(__doc__)
 
     import spade_jax
     from spade_jax.sampling import generate
@@ -36,7 +31,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'batch':>5} {'greedy s':>9} {'sampled s':>10} {'sampled/greedy':>15}")
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in args.batches:
         prompts = [chats[i % len(chats)] for i in range(batch)]
 
         def run(knobs, prompts=prompts):
