@@ -52,10 +52,11 @@ class MetricsWriter:
         record = {"cycle": step, "time": time.time(), **clean}
         self._jsonl.write(json.dumps(record, sort_keys=True) + "\n")
         self._jsonl.flush()
-        self._tb.write(step, {k: v for k, v in clean.items() if v is not None})
+        finite = {k: v for k, v in clean.items() if v is not None}
+        self._tb.write(step, finite)
         self._tb.flush()
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
+            self._wandb.log(finite, step=step)
 
     def close(self) -> None:
         if self._jsonl:
