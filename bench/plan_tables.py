@@ -7,7 +7,9 @@ For every recipe config (4B, 8B, 30B-A3B, 32B) and context length (train.seq_len
 sampling.max_context), tries power-of-two slices of 4 to 256 chips of v4, v5e, v5p and v6e with
 the config's own mesh rule and rollout batch, and prints a Markdown table per context: the
 smallest slice whose peak (`spade_jax.plan.memory_plan`, the larger of the sampling and the
-training phase) fits in HBM, with that peak per chip; or "none" with the lowest peak seen.
+training phase) fits in HBM, with that peak per chip and the largest rollout batch (conversations
+sampled at once, `spade_jax.plan.max_rollout_batch`) that slice holds; or "none" with the lowest
+peak seen.
 These are the plan's figures, not a run's: the plan models the code's shapes (see its
 docstring), and `python -m spade_jax.readiness` sets them beside XLA's compiled figures.
 """
@@ -18,7 +20,7 @@ import argparse
 
 from spade_jax.config import load_config_file, parse
 from spade_jax.errors import ConfigError
-from spade_jax.plan import GIB, TOPOLOGIES, memory_plan, plan_from_config
+from spade_jax.plan import GIB, TOPOLOGIES, max_rollout_batch, memory_plan, plan_from_config
 
 RECIPES = (("Qwen3-4B", "4b"), ("Qwen3-8B", "8b"), ("Qwen3-30B-A3B", "30b"),
            ("Qwen3-32B", "32b_dense"))
@@ -32,9 +34,9 @@ def slice_name(generation: str, chips: int) -> str:
     return f"{'v5litepod' if generation == 'v5e' else generation}-{int(chips / chips_per_unit)}"
 
 
-def peak_gib(config: str, context: int, devices: int) -> float | None:
-    """The plan's peak GiB per device of `config` at `context` tokens on `devices` devices;
-    None when the config's mesh rule does not divide them."""
+def slice_plan(config: str, context: int, devices: int):
+    """(peak GiB per device, architecture, TrainShape) of `config` at `context` tokens on
+    `devices` devices; None when the config's mesh rule does not divide them."""
     cfg = load_config_file(config)
     cfg.train.seq_len = context
     cfg.sampling.max_context = context
@@ -42,19 +44,29 @@ def peak_gib(config: str, context: int, devices: int) -> float | None:
         arch, shape = plan_from_config(parse(cfg), devices)
     except ConfigError:
         return None
-    return memory_plan(arch, shape).peak / GIB
+    return memory_plan(arch, shape).peak / GIB, arch, shape
+
+
+def peak_gib(config: str, context: int, devices: int) -> float | None:
+    """The plan's peak GiB per device of `config` at `context` tokens on `devices` devices;
+    None when the config's mesh rule does not divide them."""
+    planned = slice_plan(config, context, devices)
+    return None if planned is None else planned[0]
 
 
 def smallest_fit(config: str, context: int, generation: str) -> str:
-    """'v5p-16: 69.6 GiB' for the smallest slice that fits, else 'none (≥ X GiB)'."""
+    """'v5p-16: 69.6 GiB, ≤ 640' for the smallest slice that fits and the largest rollout batch
+    it holds, else 'none (≥ X GiB)'."""
     hbm_gib, _ = TOPOLOGIES[generation]
     lowest = None
     for chips in CHIPS:
-        peak = peak_gib(config, context, chips)
-        if peak is None:
+        planned = slice_plan(config, context, chips)
+        if planned is None:
             continue
+        peak, arch, shape = planned
         if peak <= hbm_gib:
-            return f"{slice_name(generation, chips)}: {peak:.1f} GiB"
+            largest = max_rollout_batch(arch, shape, int(hbm_gib * GIB))
+            return f"{slice_name(generation, chips)}: {peak:.1f} GiB, ≤ {largest}"
         lowest = peak if lowest is None else min(lowest, peak)
     return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
 

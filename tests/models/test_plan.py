@@ -1,5 +1,6 @@
 """Memory plan: topology names, per-device bytes from real shardings, the CLI."""
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from spade_jax.plan import (
     TrainShape,
     _topology_dims,
     format_plan,
+    max_rollout_batch,
     memory_plan,
     topology_devices,
     tpu_topology_devices,
@@ -76,6 +78,19 @@ def test_parameter_bytes_follow_the_shardings():
     assert no_remat.activations > plan.activations
     assert "fits" in format_plan(CFG, SHAPE, plan, hbm_gib=16)
     assert "does NOT fit" in format_plan(CFG, SHAPE, plan, hbm_gib=1e-4)
+
+
+def test_largest_rollout_batch_is_the_last_multiple_that_fits():
+    """The largest sampler batch fits HBM in the sampling phase and one more step of the
+    batch's shards (here fsdp 4 x tensor 2: the 4 KV heads are split 2 ways, so the batch
+    over data x fsdp) does not."""
+    budget = memory_plan(CFG, SHAPE).sampling_peak * 3
+    largest = max_rollout_batch(CFG, SHAPE, budget)
+    assert largest % 4 == 0 and largest > SHAPE.rollout_batch
+    fits = memory_plan(CFG, dataclasses.replace(SHAPE, rollout_batch=largest))
+    over = memory_plan(CFG, dataclasses.replace(SHAPE, rollout_batch=largest + 4))
+    assert fits.sampling_peak <= budget < over.sampling_peak
+    assert max_rollout_batch(CFG, SHAPE, fits.resident - 1) == 0
 
 
 def test_cli_prints_a_verdict():
