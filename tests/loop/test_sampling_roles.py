@@ -54,7 +54,11 @@ def test_each_roles_sampling_settings_reach_the_sampler(tmp_path, tiny_runtime, 
             cfg.sampling[f"{role}_{key}"] = value
     sampler = RecordingSampler(tiny_runtime.tokenizer, tiny_runtime.seed_envs)
     monkeypatch.setattr(tiny_runtime, "sampler", sampler)
-    run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    try:
+        run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    finally:  # the shared runtime's own sampler back, on the weights this run trained
+        monkeypatch.undo()
+        tiny_runtime.set_device_state(tiny_runtime.train_state)
     assert {role for role, _, _ in sampler.calls} == set(SETTINGS)
     for role, max_new_tokens, knobs in sampler.calls:
         want = SETTINGS[role]
