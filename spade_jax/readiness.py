@@ -213,7 +213,8 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     import jax
 
     from spade_jax.rl.trainer import Remat, TrainStep, make_optimizer
-    from spade_jax.sampling.sampler import Sampler, bucket_at_most
+    from spade_jax.sampling.programs import bucket_at_most
+    from spade_jax.sampling.sampler import Sampler
     from spade_jax.sharding import make_mesh
 
     unknown = sorted(set(programs or ()) - set(PROGRAMS))

@@ -2,8 +2,9 @@
 
 from spade_jax.sampling.engine import Conversation, Engine, Request
 from spade_jax.sampling.generate import Completion, encode_prompt, generate, sampler_for
-from spade_jax.sampling.sampler import CacheFullError, Sampler, Session, TurnOutput
+from spade_jax.sampling.sampler import Sampler
 from spade_jax.sampling.sampling_fns import select_tokens
+from spade_jax.sampling.session import CacheFullError, Session, TurnOutput
 
 __all__ = [
     "CacheFullError",

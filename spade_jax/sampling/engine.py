@@ -6,7 +6,8 @@ import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from spade_jax.sampling.sampler import FinishReason, Sampler, Session, TurnOutput
+from spade_jax.sampling.sampler import Sampler
+from spade_jax.sampling.session import FinishReason, Session, TurnOutput
 
 
 @dataclasses.dataclass(frozen=True)

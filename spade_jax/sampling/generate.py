@@ -11,7 +11,8 @@ import flax.nnx as nnx
 from jax.sharding import Mesh
 
 from spade_jax.models.transformer import Transformer
-from spade_jax.sampling.sampler import FinishReason, Sampler
+from spade_jax.sampling.sampler import Sampler
+from spade_jax.sampling.session import FinishReason
 
 _SAMPLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -70,7 +70,7 @@ class ScriptedSession:
             self.logprobs[r] += [0.0] * len(obs)
 
     def decode(self, max_new_tokens, *, stop_token_ids=(), seed=0, active=None, **_):
-        from spade_jax.sampling.sampler import FinishReason, TurnOutput
+        from spade_jax.sampling.session import FinishReason, TurnOutput
 
         outputs = []
         for r, prompt in enumerate(self.prompt_texts):

@@ -129,7 +129,7 @@ def test_chunked_prefill_and_append_equal_one_block(model, sampler, monkeypatch)
     """A sampler allowed 16 tokens per device per extend writes a 40-token prompt and a
     20-token observation in pieces of at most 16 tokens per row, and its caches and sampled
     tokens equal those of the default sampler, which writes each in one block."""
-    from spade_jax.sampling.sampler import Session
+    from spade_jax.sampling.session import Session
 
     widths = []
     original = Session._extend_piece

@@ -1,0 +1,182 @@
+"""The sampler's jitted device programs: chunked extend (prefill / append), the decode loop,
+cache growth, and the bucketed shapes they are compiled for.
+
+Pure functions of (weights, cache, row lengths, tokens); `sampler.Sampler` jits them with the
+mesh's shardings and `session.Session` drives them from the host. The cache layout, the
+pending-token convention and the staging range are described in `spade_jax/sampling/sampler.py`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+
+from spade_jax.models.kv_layout import KVLayout
+from spade_jax.models.layers import vocab_logits
+from spade_jax.models.transformer import Transformer, unrolled_forward
+from spade_jax.sampling.sampling_fns import row_keys, select_tokens
+
+MIN_BUCKET = 16
+STOP_ID_SLOTS = 8
+
+
+def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
+    """Smallest length >= max(n, minimum) of the form 2^i or 1.5 * 2^i (16, 24, 32, 48, ...).
+
+    The few lengths we compile for: padding wastes at most a third, and sizes up to 8k need
+    about 20 buckets.
+    """
+    n = max(int(n), minimum)
+    power = 1 << (n - 1).bit_length()
+    return power * 3 // 4 if power * 3 // 4 >= n else power
+
+
+def bucket_at_most(n: int) -> int:
+    """Largest bucket (see `bucket`) <= n, and at least the smallest bucket."""
+    b = bucket(n)
+    if b <= n or b == MIN_BUCKET:
+        return b
+    return b * 3 // 4 if b & (b - 1) == 0 else b * 2 // 3
+
+
+def fused_decode_weights(model: Transformer) -> dict:
+    """The sampler's CPU copy of the weights: fused per-layer matrices and a [D, vocab] output.
+
+    `layers`: `Transformer.layer_params(fuse=True)`. `unembedding`: the output projection as a
+    [D, vocab] matrix even when it is the tied [vocab, D] embedding, the layout XLA-CPU's
+    batch-1 logits matmul reads fastest.
+    """
+    weight, vocab_major = model.output_projection()
+    return {"layers": model.layer_params(fuse=True),
+            "unembedding": weight.T if vocab_major else weight}
+
+
+def decode_weights(model: Transformer, fused: dict | None):
+    """(per-layer weights, logits function): from the fused copy, or the model's own layout."""
+    if fused is None:
+        return model.layer_params(), model.logits
+    return fused["layers"], partial(vocab_logits, weight=fused["unembedding"], vocab_major=False)
+
+
+def valid_slots(lengths: jax.Array, window: int) -> jax.Array:
+    """[B, window] bool: row r's tokens fill its slots [0, lengths[r])."""
+    return jnp.arange(window)[None, :] < lengths[:, None]
+
+
+def move_staged(cache: list, stage: int, targets: jax.Array, layout: KVLayout) -> list:
+    """Move every layer's keys/values at slots [stage, stage + W) to each row's own slots
+    `targets` [B, W] (an out-of-range target drops that slot): per-row writes after a forward
+    that wrote the whole batch at one shared staging slot range."""
+    return [layout.move_rows_slots(k, v, stage, targets) for k, v in cache]
+
+
+def extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions, layout):
+    """Write each row's left-aligned block after its own `lengths[r]` tokens.
+
+    The forward writes the block at the last W slots of the window (a staging range every row
+    leaves free) and attends there causally; the block is then moved to each row's own slots.
+    """
+    window, width = layout.n_slots(cache[0][1]), tokens.shape[1]
+    stage = window - width
+    kv_valid = valid_slots(lengths, window) | jnp.pad(token_mask, ((0, 0), (stage, 0)))
+    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_valid, cache, stage,
+                                layout)
+    targets = jnp.where(token_mask, lengths[:, None] + jnp.arange(width), window)
+    return move_staged(cache, stage, targets, layout)
+
+
+def extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions, *, layout):
+    """`extend_block` over the whole batch."""
+    model = nnx.merge(graphdef, state)
+    layer_params, _ = decode_weights(model, fused)
+    return extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions,
+                         layout)
+
+
+def extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions, *,
+                 layout):
+    """`extend_block` of only the cache rows `rows` [b] (an index past the batch: a padding
+    row, dropped), so the compute scales with the rows that have tokens, not the batch."""
+    model = nnx.merge(graphdef, state)
+    layer_params, _ = decode_weights(model, fused)
+    sub = [(jnp.take(k, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip"))
+           for k, v in cache]
+    sub = extend_block(model, layer_params, sub, lengths, tokens, token_mask, positions, layout)
+    return [(k.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
+            for (k, v), (sk, sv) in zip(cache, sub, strict=True)]
+
+
+class DecodeState(NamedTuple):
+    """The decode loop's carry: the cache, each row's length, pending token and progress, and
+    the buffers of what it sampled (token, policy log-prob, sampling log-prob per step)."""
+
+    step: jax.Array  # steps taken
+    cache: list
+    lengths: jax.Array  # [B] tokens in each row's cache; the pending token goes to this slot
+    pending: jax.Array  # [B] the token to write next
+    positions: jax.Array  # [B] rotary position of the pending token
+    running: jax.Array  # [B] rows still sampling
+    n_generated: jax.Array  # [B] tokens sampled so far per row
+    stopped: jax.Array  # [B] rows that sampled a stop token
+    buffers: tuple  # ([B, window] tokens, log-probs, sampling log-probs)
+
+
+def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, max_steps,
+            exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids, *,
+            max_top_k, layout):
+    """At most `max_steps` decode steps (the caller keeps every running row's length + steps
+    within the window); the token buffers are as long as the window. The loop also ends once
+    `exit_after_finished` rows have finished (continuous batching refills their slots)."""
+    model = nnx.merge(graphdef, state)
+    layer_params, logits_of = decode_weights(model, fused)
+    batch, window = pending.shape[0], layout.n_slots(cache[0][1])
+    max_steps = jnp.minimum(jnp.max(limits), max_steps)
+    rows = jnp.arange(batch)
+    buffers = (jnp.zeros((batch, window), jnp.int32),
+               jnp.zeros((batch, window), jnp.float32),
+               jnp.zeros((batch, window), jnp.float32))
+    init = DecodeState(step=jnp.int32(0), cache=cache, lengths=lengths, pending=pending,
+                       positions=positions, running=limits > 0,
+                       n_generated=jnp.zeros((batch,), jnp.int32),
+                       stopped=jnp.zeros((batch,), bool), buffers=buffers)
+
+    def cond(s: DecodeState):
+        return ((s.step < max_steps) & jnp.any(s.running)
+                & (jnp.sum((limits > 0) & ~s.running) < exit_after_finished))
+
+    def body(s: DecodeState) -> DecodeState:
+        # Each running row writes its pending token at its own slot, in place; a finished
+        # row's write goes past the window and is dropped.
+        slots = jnp.where(s.running, s.lengths, window)
+        hidden, cache = unrolled_forward(
+            model, layer_params, s.pending[:, None], s.positions[:, None],
+            valid_slots(s.lengths + s.running, window), s.cache, slots, layout)
+        logits = logits_of(hidden[:, 0])
+        keys = row_keys(seed, row_ids, s.positions + 1)
+        token, logp, sampling_logp = select_tokens(
+            logits, keys, temperature=temperature, top_k=top_k, top_p=top_p, max_top_k=max_top_k
+        )
+        column = jnp.where(s.running, s.n_generated, window)  # out of range: dropped
+        buffers = tuple(
+            buf.at[rows, column].set(val, mode="drop")
+            for buf, val in zip(s.buffers, (token, logp, sampling_logp), strict=True)
+        )
+        n_generated = s.n_generated + s.running
+        hit_stop = s.running & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        return DecodeState(
+            step=s.step + 1, cache=cache, lengths=s.lengths + s.running,
+            pending=jnp.where(s.running, token, s.pending), positions=s.positions + s.running,
+            running=s.running & ~hit_stop & (n_generated < limits), n_generated=n_generated,
+            stopped=s.stopped | hit_stop, buffers=buffers)
+
+    final = jax.lax.while_loop(cond, body, init)
+    return final.cache, final.buffers, final.n_generated, final.stopped, final.step
+
+
+def grow_layer(k, v, *, new_window, layout):
+    """One layer's keys and values padded to `new_window` slots."""
+    return layout.pad_slots(k, v, new_window - layout.n_slots(v))
