@@ -9,7 +9,7 @@ call (prefill included), median over --runs after one warm-up (which compiles ou
 Also printed, as context rather than a baseline: the "matmul bound", the tokens/s of the decoder's
 projection and unembedding matmuls alone with the same weights and batch (no attention, cache,
 norms, sampling or prefill), i.e. what XLA's CPU matrix products allow a decode step here. It is
-timed under each of XLA:CPU's two dot paths (`MATMUL_PATHS`) and the faster one is reported.
+timed under each of XLA:CPU's two dot paths (`fastest_matmul_path`) and the faster one is reported.
 """
 
 from __future__ import annotations
@@ -62,15 +62,14 @@ def timed(fn, runs: int) -> float:
 # own dot emitter instead, which on this VM was up to 12 % faster on the train step's 2-D
 # projections and mostly slower on the unembedding, so a bound that claims "what XLA's matmuls
 # allow" takes the faster.
-MATMUL_PATHS = {"ynnpack": None, "xla": {"xla_cpu_experimental_ynn_fusion_type": ""}}
-
-
 def fastest_matmul_path(lowered, args: tuple, runs: int) -> tuple[float, str]:
-    """(median seconds, path name) of the faster of `MATMUL_PATHS` for a lowered jax program."""
+    """(median seconds, path name) of the faster dot path for a lowered jax program."""
     import jax
 
+    from spade_jax.sampling.sampler import XLA_DOT_EMITTER
+
     results = []
-    for name, options in MATMUL_PATHS.items():
+    for name, options in {"ynnpack": None, "xla": XLA_DOT_EMITTER}.items():
         program = lowered.compile(compiler_options=options) if options else lowered.compile()
         seconds = timed(lambda program=program: jax.block_until_ready(program(*args)), runs)
         results.append((seconds, name))

@@ -12,7 +12,7 @@ model's projection, MLP and unembedding matmuls, forward and backward (dX and dW
 shapes (no attention, norms, softmax, recomputation or optimizer), i.e. what XLA's CPU matrix
 products allow this step here; `pytorch s/step / bound s/step` is the ratio no f32 XLA step can
 beat on this machine. Like the sampler's, it is timed under both of XLA:CPU's dot paths
-(`sampler.MATMUL_PATHS`) and the faster is reported (ours uses XLA's default, YNNPACK).
+(`sampler.fastest_matmul_path`) and the faster is reported (ours uses XLA's default, YNNPACK).
 """
 
 from __future__ import annotations

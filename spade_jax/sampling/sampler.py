@@ -67,6 +67,11 @@ from spade_jax.sharding import (
 )
 
 PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device (its rows x width)
+# XLA:CPU sends dots to YNNPACK library fusions by default. A decode step's attention products
+# are many tiny matrices (batch dims [rows, KV heads]), where XLA's own dot emitter is faster;
+# the CPU programs named here compile with the library fusions off (`bench/sampler.py`).
+CPU_PLAIN_DOT_PROGRAMS = frozenset({"decode"})
+XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU options: no YNNPACK
 
 
 class Sampler:
@@ -238,8 +243,10 @@ class Sampler:
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
+        plain_dots = self.mesh.devices.flat[0].platform == "cpu" and name in CPU_PLAIN_DOT_PROGRAMS
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
-                                    out_shardings=out_sh, donate_argnums=(2,))
+                                    out_shardings=out_sh, donate_argnums=(2,),
+                                    compiler_options=XLA_DOT_EMITTER if plain_dots else None)
         return self._jitted[key]
 
     def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET):
