@@ -23,6 +23,7 @@ from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
 from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.config import ModelConfig
+from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
@@ -89,6 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Mixture of experts: None = dropless (the checkpoint's model); c = each expert-parallel
     # rank computes at most c x its balanced share of token copies and drops the rest.
     c.model.moe_capacity_factor = ml_collections.config_dict.placeholder(float)
+    # How the experts split over mesh.tensor: experts (E/tp whole experts per rank; dropless
+    # buffers sized for the worst case) or ffn (every expert's F/tp columns per rank; exact
+    # buffers, narrower matmuls). See spade_jax/models/moe.py.
+    c.model.moe_sharding = MoeSharding.EXPERTS.value
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # -1: fill with devices
 
@@ -256,6 +261,7 @@ class PolicyConfig:
     compute_dtype: str = "float32"
     attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
     moe_capacity_factor: float | None = None  # also set on `arch` by `parse`
+    moe_sharding: MoeSharding | None = MoeSharding.EXPERTS  # also set on `arch` by `parse`
 
     def problems(self) -> list[str]:
         out = []
@@ -549,8 +555,12 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     model["attention"] = _choice(AttentionKernel, model["attention"], "model.attention", problems)
     if model["arch"] is not None and model["attention"] is not None:
         model["arch"] = model["arch"].replace(attention=model["attention"])
+    model["moe_sharding"] = _choice(MoeSharding, model["moe_sharding"], "model.moe_sharding",
+                                    problems)
     if model["arch"] is not None:
         model["arch"] = model["arch"].replace(moe_capacity_factor=model["moe_capacity_factor"])
+    if model["arch"] is not None and model["moe_sharding"] is not None:
+        model["arch"] = model["arch"].replace(moe_sharding=model["moe_sharding"])
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
     t["loss_aggregation"] = _choice(LossAggregation, t["loss_aggregation"],

@@ -115,20 +115,28 @@ def expert_buffer_note(cfg, mesh_shape: dict, tokens: int) -> str:
     """How the compiled MoE sizes its expert buffers, which the FLOPs count in full, for a
     micro-batch of `tokens`; and, dropless, whether a rank routes them in several chunks, a
     loop whose body XLA counts once (so its expert FLOPs are under-counted)."""
-    from spade_jax.models.moe import MOE_TOKEN_CHUNK, tokens_split
+    from spade_jax.models.moe import MOE_TOKEN_CHUNK, MoeSharding, tokens_split
     from spade_jax.sharding import BATCH_AXES
 
     tp = mesh_shape.get("tensor", 1)
-    n_local = cfg.n_experts // tp if cfg.n_experts % tp == 0 else cfg.n_experts
-    ranks = cfg.n_experts // n_local
-    worst = min(cfg.n_experts_per_tok, n_local) * ranks / cfg.n_experts_per_tok
+    by_column = (cfg.moe_sharding is MoeSharding.FFN
+                 and cfg.moe_sharding.splits(cfg.n_experts, cfg.expert_ffn_dim, tp))
+    by_expert = (cfg.moe_sharding is MoeSharding.EXPERTS
+                 and cfg.moe_sharding.splits(cfg.n_experts, cfg.expert_ffn_dim, tp))
+    ranks = tp if by_expert else 1
+    worst = min(cfg.n_experts_per_tok, cfg.n_experts // ranks) * ranks / cfg.n_experts_per_tok
     if cfg.moe_capacity_factor is not None:
         return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer "
                 f"holds {cfg.moe_capacity_factor:g}x its balanced share, copies past it are "
                 "dropped")
-    note = (f"experts dropless: each of the {ranks} expert ranks' buffers has room for the "
-            f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
-            "a capacity)")
+    if by_column:
+        note = (f"experts dropless, split by hidden column over {tp} ranks "
+                f"(model.moe_sharding=ffn): each rank's buffer holds exactly its tokens' "
+                f"copies, {cfg.expert_ffn_dim // tp} columns wide")
+    else:
+        note = (f"experts dropless: each of the {ranks} expert ranks' buffers has room for the "
+                f"worst case, {worst:.0f}x its balanced share (model.moe_capacity_factor sets "
+                "a capacity; model.moe_sharding=ffn gives exact buffers)")
     token_ranks = math.prod(mesh_shape.get(axis, 1) for axis in BATCH_AXES)
     per_rank = tokens // token_ranks if tokens_split(tokens, mesh_shape) else tokens
     if per_rank > MOE_TOKEN_CHUNK:

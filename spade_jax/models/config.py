@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from spade_jax.models.attention import AttentionKernel
+from spade_jax.models.moe import MoeSharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +39,15 @@ class ModelConfig:
     # share of token copies; copies past it are dropped (config key `model.moe_capacity_factor`,
     # None: dropless). See `moe.buffer_rows`.
     moe_capacity_factor: float | None = None
+    # Not architecture: how the experts split over 'tensor' (config key `model.moe_sharding`).
+    moe_sharding: MoeSharding = MoeSharding.EXPERTS
 
     def __post_init__(self):
-        if self.attention not in tuple(AttentionKernel):
-            raise ValueError(f"attention={self.attention!r}: use one of "
-                             f"{tuple(k.value for k in AttentionKernel)}")
-        object.__setattr__(self, "attention", AttentionKernel(self.attention))
+        for name, kind in (("attention", AttentionKernel), ("moe_sharding", MoeSharding)):
+            value = getattr(self, name)
+            if value not in tuple(kind):
+                raise ValueError(f"{name}={value!r}: use one of {tuple(k.value for k in kind)}")
+            object.__setattr__(self, name, kind(value))
 
     @property
     def is_moe(self) -> bool:

@@ -3,23 +3,25 @@ its dense reference.
 
 `moe_mlp` (the model's path) sorts each token's top-k copies by expert, runs every projection
 as one grouped matmul (`grouped_matmul`) over the experts, un-sorts and sums the k copies
-weighted by the router. Under a mesh with a 'tensor' axis (the expert axis: w_gate/w_up
-[E, D, F] are sharded (tensor, fsdp, None), w_down [E, F, D] (tensor, None, fsdp)) it runs
-in a `shard_map`: each rank computes only the copies routed to its E/tp experts and one psum
-over 'tensor' combines them. Dispatch is an all-gather that costs nothing: tokens are already
-replicated over 'tensor' (sharded over data and fsdp only), so the combine is the same single
-[tokens, D] all-reduce the dense layer needed, where a ragged all-to-all would add two
-exchanges of the k copies for no saving at this layout.
-Each rank's grouped-matmul buffer is static (`buffer_rows`). Dropless (the default) it has
-room for the worst case, every local token sending min(k, E/tp) copies to the rank: up to tp x
-the balanced work in XLA's cost analysis of the static program. So that this worst case is a
-bounded buffer rather than one of all the rank's tokens (a 30B prefill's 74k tokens x 8 copies
-per rank, tens of GiB), dropless ranks route their tokens in chunks of `MOE_TOKEN_CHUNK`, one
-after the other (`_chunked_local_experts`, each chunk rematerialised in the backward pass):
-the same outputs, the worst-case buffer of one chunk (XLA's cost analysis counts one chunk).
-At run time on TPU the megablox kernel visits only the tiles of real rows (a dynamic grid) yet
-declares the whole buffer's FLOPs to XLA; on CPU (`tiled_grouped_matmul`) the buffer is really
-multiplied. With
+weighted by the router. Under a mesh with a 'tensor' axis it runs in a `shard_map`, the
+weights split as `MoeSharding` says: by expert (w_gate/w_up [E, D, F] sharded (tensor, fsdp,
+None), w_down [E, F, D] (tensor, None, fsdp)), each rank computing only the copies routed to
+its E/tp experts; or by hidden column (FFN: (None, fsdp, tensor) and (None, tensor, fsdp)),
+each rank computing every copy on its F/tp columns. One psum over 'tensor' combines them.
+Dispatch is an all-gather that costs nothing: tokens are already replicated over 'tensor'
+(sharded over data and fsdp only), so the combine is the same single [tokens, D] all-reduce
+the dense layer needed, where a ragged all-to-all would add two exchanges of the k copies for
+no saving at this layout.
+Each rank's grouped-matmul buffer is static (`buffer_rows`). FFN-split it holds exactly the
+tokens' N·k copies. Expert-split and dropless (the default) it has room for the worst case,
+every local token sending min(k, E/tp) copies to the rank: up to tp x the balanced work in
+XLA's cost analysis of the static program. So that this worst case is a bounded buffer rather
+than one of all the rank's tokens (a 30B prefill's 74k tokens x 8 copies per rank, tens of
+GiB), dropless ranks route their tokens in chunks of `MOE_TOKEN_CHUNK`, one after the other
+(`_chunked_local_experts`, each chunk rematerialised in the backward pass): the same outputs,
+the worst-case buffer of one chunk (XLA's cost analysis counts one chunk). At run time on TPU
+the megablox kernel visits only the tiles of real rows (a dynamic grid) yet declares the whole
+buffer's FLOPs to XLA; on CPU (`tiled_grouped_matmul`) the buffer is really multiplied. With
 `model.moe_capacity_factor` c the buffer holds c x the balanced share N·k/tp and a rank's
 copies past it are dropped (the latest tokens' first; the token keeps its residual stream), as
 MaxText's and Tunix's capacity factor does; `RouterLoad` reports the copies per expert and the
@@ -33,6 +35,7 @@ into a masked product of every row with every expert (G times the FLOPs).
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import NamedTuple
 
@@ -43,6 +46,40 @@ from jax.sharding import PartitionSpec
 from spade_jax.sharding import BATCH_AXES
 
 EXPERT_AXIS = "tensor"
+
+
+class MoeSharding(enum.StrEnum):
+    """`model.moe_sharding`: how the experts' weights split over the mesh's 'tensor' axis.
+
+    EXPERTS (expert parallelism): each rank holds E/tp whole experts and computes the copies
+    routed to them; its static buffer must hold the worst case (dropless: every local token's
+    min(k, E/tp) copies), up to tp x the balanced work in XLA's cost analysis, and the most
+    loaded rank sets the pace. FFN (tensor-parallel experts, MaxText's layout when its expert
+    axis is 1): each rank holds every expert's F/tp hidden columns and computes all its
+    tokens' copies on them, so the buffer is exactly N·k rows and every rank does the same
+    work, in matmuls tp times narrower. Both end in one psum of [tokens, D] over 'tensor'.
+    """
+
+    EXPERTS = "experts"
+    FFN = "ffn"
+
+    def weight_axes(self) -> tuple[tuple, tuple]:
+        """Mesh axes of the stacked [L, E, D, F] gate/up and [L, E, F, D] down weights."""
+        if self is MoeSharding.EXPERTS:
+            return (None, EXPERT_AXIS, "fsdp", None), (None, EXPERT_AXIS, None, "fsdp")
+        return (None, None, "fsdp", EXPERT_AXIS), (None, None, EXPERT_AXIS, "fsdp")
+
+    def splits(self, n_experts: int, ffn_dim: int, n_ranks: int) -> bool:
+        """Whether 'tensor' (n_ranks) divides the split dimension (else no tensor parallelism)."""
+        split = n_experts if self is MoeSharding.EXPERTS else ffn_dim
+        return n_ranks > 1 and split % n_ranks == 0
+
+    def rank_specs(self) -> tuple[PartitionSpec, PartitionSpec]:
+        """`shard_map` specs of one layer's gate/up [E, D, F] and down [E, F, D] (gathered over
+        fsdp on entry, ZeRO-3)."""
+        if self is MoeSharding.EXPERTS:
+            return (PartitionSpec(EXPERT_AXIS, None, None),) * 2
+        return PartitionSpec(None, None, EXPERT_AXIS), PartitionSpec(None, EXPERT_AXIS, None)
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, normalise: bool):
@@ -122,6 +159,15 @@ def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array)
 MEGABLOX_TILE = 128  # megablox GMM (m, k, n) tile: the TPU's 128 lanes
 
 
+def megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
+    """The (m, k, n) tile of each megablox problem: 128 a side, or the whole dimension when it
+    is narrower (FFN-split experts: 96 columns for 30B-A3B at tensor 8). Given as a function,
+    the kernel's backward pass sizes its own transposed problems' tiles (a fixed tuple would
+    put the forward's 96-wide tile on the 2048-wide dimension, which Mosaic refuses)."""
+    del m
+    return MEGABLOX_TILE, min(MEGABLOX_TILE, k), min(MEGABLOX_TILE, n)
+
+
 def megablox_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
                             interpret: bool = False) -> jax.Array:
     """`ragged_dot` as the megablox GMM Pallas kernel (TPU; `interpret=True` runs it anywhere).
@@ -133,9 +179,8 @@ def megablox_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Arr
 
     n_rows = lhs.shape[0]
     extra = -n_rows % MEGABLOX_TILE
-    tiling = (MEGABLOX_TILE, min(MEGABLOX_TILE, lhs.shape[1]), min(MEGABLOX_TILE, rhs.shape[2]))
     out = megablox.gmm(jnp.pad(lhs, ((0, extra), (0, 0))), rhs, group_sizes.astype(jnp.int32),
-                       lhs.dtype, tiling, None, None, False, interpret)
+                       lhs.dtype, megablox_tiling, None, None, False, interpret)
     return out[:n_rows]
 
 
@@ -276,14 +321,16 @@ def _rank_experts(x, top_idx, top_vals, gate, up, down, first_expert, *, n_ranks
 def moe_mlp(
     x: jax.Array, router: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
     top_k: int, normalise: bool, capacity_factor: float | None = None,
+    sharding: MoeSharding = MoeSharding.EXPERTS,
 ) -> tuple[jax.Array, RouterLoad]:
     """Routed mixture of experts on x [B, T, D]: (output, its `RouterLoad`).
 
-    Dropless (`capacity_factor` None) it equals `moe_mlp_dense`. Expert-parallel over 'tensor'
-    when the abstract mesh in context (`jax.set_mesh`) has the ('data', 'fsdp', 'tensor') axes
-    and 'tensor' divides the expert count; otherwise one routed computation over all experts,
-    left to the SPMD partitioner. Each rank's buffer holds `buffer_rows` copies of its tokens
-    (dropless: of one chunk of `MOE_TOKEN_CHUNK` tokens at a time).
+    Dropless (`capacity_factor` None) it equals `moe_mlp_dense`. Tensor-parallel over 'tensor'
+    as `sharding` says when the abstract mesh in context (`jax.set_mesh`) has the ('data',
+    'fsdp', 'tensor') axes and 'tensor' divides the split dimension; otherwise one routed
+    computation over all experts, left to the SPMD partitioner. Each rank's buffer holds
+    `buffer_rows` copies of its tokens (dropless: of one chunk of `MOE_TOKEN_CHUNK` tokens at
+    a time).
     """
     batch, length, d_model = x.shape
     flat = x.reshape(batch * length, d_model)
@@ -292,30 +339,35 @@ def moe_mlp(
     expert_copies = jnp.sum(jax.nn.one_hot(top_idx.reshape(-1), n_experts, dtype=jnp.float32),
                             axis=0)
     mesh = jax.sharding.get_abstract_mesh()
-    expert_parallel = (set(mesh.axis_names) == {*BATCH_AXES, EXPERT_AXIS}
-                       and mesh.shape[EXPERT_AXIS] > 1 and n_experts % mesh.shape[EXPERT_AXIS] == 0)
-    if not expert_parallel:
+    parallel = (set(mesh.axis_names) == {*BATCH_AXES, EXPERT_AXIS}
+                and sharding.splits(n_experts, gate.shape[-1], mesh.shape[EXPERT_AXIS]))
+    if not parallel:
         out, dropped = _rank_experts(flat, top_idx, top_vals, gate, up, down, 0, n_ranks=1,
                                      capacity_factor=capacity_factor)
         return out.reshape(x.shape), RouterLoad(expert_copies, dropped)
 
-    n_ranks = mesh.shape[EXPERT_AXIS]
-    n_local = n_experts // n_ranks
+    tp = mesh.shape[EXPERT_AXIS]
     tokens = _token_spec(flat.shape[0], mesh)
-    all_axes = (*BATCH_AXES, EXPERT_AXIS) if tokens[0] else EXPERT_AXIS
+    by_experts = sharding is MoeSharding.EXPERTS
+    n_local = n_experts // tp if by_experts else n_experts
+    # ranks that drop different copies: expert ranks split the copies; FFN ranks repeat them
+    drop_axes = ((*BATCH_AXES,) if tokens[0] else ()) + ((EXPERT_AXIS,) if by_experts else ())
 
     def shard(x, top_idx, top_vals, gate, up, down):
-        first = jax.lax.axis_index(EXPERT_AXIS) * n_local
+        first = jax.lax.axis_index(EXPERT_AXIS) * n_local if by_experts else 0
         partial, dropped = _rank_experts(x, top_idx, top_vals, gate, up, down, first,
-                                         n_ranks=n_ranks, capacity_factor=capacity_factor)
-        return jax.lax.psum(partial, EXPERT_AXIS), jax.lax.psum(dropped, all_axes)
+                                         n_ranks=tp if by_experts else 1,
+                                         capacity_factor=capacity_factor)
+        return (jax.lax.psum(partial, EXPERT_AXIS),
+                jax.lax.psum(dropped, drop_axes) if drop_axes else dropped)
 
-    experts = PartitionSpec(EXPERT_AXIS, None, None)  # gathered over fsdp on entry (ZeRO-3)
+    gate_spec, down_spec = sharding.rank_specs()
     # check_vma=False: the megablox kernel's outputs carry no varying-axes type (JAX refuses
     # to trace it otherwise, on every platform, as platform_dependent traces each branch);
     # the gradients are checked against the dense layer in tests/models/test_moe.py.
     out, dropped = jax.shard_map(
-        shard, mesh=mesh, in_specs=(tokens, tokens, tokens, experts, experts, experts),
+        shard, mesh=mesh,
+        in_specs=(tokens, tokens, tokens, gate_spec, gate_spec, down_spec),
         out_specs=(tokens, PartitionSpec()), check_vma=False)(
         flat, top_idx, top_vals, gate, up, down)
     return out.reshape(x.shape), RouterLoad(expert_copies, dropped)

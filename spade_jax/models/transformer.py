@@ -5,9 +5,10 @@ over them (fast compiles at 48+ layers, one checkpoint layout). Every parameter 
 logical PartitionSpec over the mesh axes ('data', 'fsdp', 'tensor') as NNX metadata; see
 `spade_jax.sharding` for how specs are fitted to a concrete mesh.
 
-Mixture of experts: experts are stacked [E, D, F] and sharded over 'tensor' (the expert axis
-doubles as the tensor axis); `moe.moe_mlp` routes each token to its top-k experts, expert-parallel
-over 'tensor' when traced under the mesh (`jax.set_mesh`, as the train step and sampler do).
+Mixture of experts: experts are stacked [E, D, F] and split over 'tensor' by expert or by hidden
+column (`moe.MoeSharding`, config key `model.moe_sharding`); `moe.moe_mlp` routes each token to
+its top-k experts, tensor-parallel over 'tensor' when traced under the mesh (`jax.set_mesh`, as
+the train step and sampler do).
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ class Transformer(nnx.Module):
         if cfg.is_moe:
             E, F = cfg.n_experts, cfg.expert_ffn_dim
             self.router = p((L, D, E), (None, "fsdp", None))
-            self.w_gate = p((L, E, D, F), (None, "tensor", "fsdp", None))
-            self.w_up = p((L, E, D, F), (None, "tensor", "fsdp", None))
-            self.w_down = p((L, E, F, D), (None, "tensor", None, "fsdp"))
+            gate_axes, down_axes = cfg.moe_sharding.weight_axes()
+            self.w_gate = p((L, E, D, F), gate_axes)
+            self.w_up = p((L, E, D, F), gate_axes)
+            self.w_down = p((L, E, F, D), down_axes)
         else:
             F = cfg.ffn_dim
             self.w_gate = p((L, D, F), (None, "fsdp", "tensor"))
@@ -204,6 +206,7 @@ def decoder_block(
         out, load = moe.moe_mlp(
             h, params["router"], params["w_gate"], params["w_up"], params["w_down"],
             cfg.n_experts_per_tok, cfg.norm_topk_prob, cfg.moe_capacity_factor,
+            cfg.moe_sharding,
         )
         x = x + out
     elif "w_gate_up" in params:

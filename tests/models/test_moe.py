@@ -1,5 +1,7 @@
 """The routed dropless MoE equals the dense reference, alone and expert-parallel on 8 fake CPUs."""
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,29 +66,67 @@ def test_routed_equals_dense_on_one_device(collapsed):
     _assert_close(_value_and_grads(_routed, args), _value_and_grads(moe.moe_mlp_dense, args))
 
 
+def _layer_specs(sharding: moe.MoeSharding) -> list[PartitionSpec]:
+    """Specs of (x, router, gate, up, down) as the model shards them (one layer's weights)."""
+    gate_axes, down_axes = sharding.weight_axes()
+    return [PartitionSpec(("data", "fsdp")), PartitionSpec("fsdp"), PartitionSpec(*gate_axes[1:]),
+            PartitionSpec(*gate_axes[1:]), PartitionSpec(*down_axes[1:])]
+
+
+def _sharded_routed(sharding: moe.MoeSharding):
+    return lambda *a: moe.moe_mlp(*a, sharding=sharding)[0]
+
+
+@pytest.mark.parametrize("sharding", list(moe.MoeSharding))
 @pytest.mark.parametrize("shape", MESHES)
 @pytest.mark.parametrize("collapsed", [False, True])
-def test_expert_parallel_equals_dense(shape, collapsed):
+def test_tensor_parallel_experts_equal_dense(shape, collapsed, sharding):
+    """By expert and by hidden column, on every mesh: the dense layer's values and gradients,
+    with all tokens on two experts (six idle) too."""
     mesh = make_mesh(shape)
     args = _params(seed=1, router_bias=_collapsed_router() if collapsed else None)
     if collapsed:
         args = (jnp.abs(args[0]),) + args[1:]
     want = _value_and_grads(moe.moe_mlp_dense, args)
-    specs = [PartitionSpec(("data", "fsdp")), PartitionSpec("fsdp"),
-             PartitionSpec("tensor", "fsdp"), PartitionSpec("tensor", "fsdp"),
-             PartitionSpec("tensor", None, "fsdp")]
-    sharded = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs, strict=True)]
+    sharded = [jax.device_put(a, NamedSharding(mesh, s))
+               for a, s in zip(args, _layer_specs(sharding), strict=True)]
     with jax.set_mesh(mesh):
-        step = jax.jit(lambda *a: _value_and_grads(_routed, a))
+        step = jax.jit(lambda *a: _value_and_grads(_sharded_routed(sharding), a))
         text = step.lower(*sharded).as_text()
         got = step(*sharded)
     if shape[2] > 1:
-        assert "shard_map" in text or "sdy.manual_computation" in text  # expert-parallel path
+        assert "shard_map" in text or "sdy.manual_computation" in text  # tensor-parallel path
     _assert_close(got, want)
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 2, 4)])
-def test_dropless_token_chunks_equal_dense_values_and_gradients(shape, monkeypatch):
+def test_ffn_split_buffers_hold_the_real_copies_where_expert_split_ones_hold_the_worst_case():
+    """XLA's FLOPs per device on 4 'tensor' ranks against one device's routed layer: split by
+    hidden column each rank does a quarter of the work; split by expert (2 experts a rank,
+    top-2) each rank's dropless buffer has room for every token's 2 copies, 4x its share."""
+    d, f, tokens = 256, 512, 256
+    keys = jax.random.split(jax.random.key(0), 5)
+    args = (jax.random.normal(keys[0], (1, tokens, d)),
+            jax.random.normal(keys[1], (d, E)), jax.random.normal(keys[2], (E, d, f)),
+            jax.random.normal(keys[3], (E, d, f)), jax.random.normal(keys[4], (E, f, d)))
+
+    def flops(mesh, sharding):
+        with jax.set_mesh(mesh):
+            fn = jax.jit(lambda *a: moe.moe_mlp(*a, K, True, sharding=sharding)[0])
+            return fn.lower(*args).compile().cost_analysis()["flops"]
+
+    one = flops(make_mesh((1, 1, 1), jax.devices()[:1]), moe.MoeSharding.EXPERTS)
+    tp4 = make_mesh((1, 1, 4), jax.devices()[:4])
+    by_column = flops(tp4, moe.MoeSharding.FFN)
+    by_expert = flops(tp4, moe.MoeSharding.EXPERTS)
+    print("one device", one, "ffn", by_column, "experts", by_expert)
+    assert 0.2 * one < by_column < 0.3 * one
+    assert by_expert > 0.8 * one
+
+
+@pytest.mark.parametrize(("shape", "sharding"), [((1, 1, 1), moe.MoeSharding.EXPERTS),
+                                                  ((1, 2, 4), moe.MoeSharding.EXPERTS),
+                                                  ((1, 2, 4), moe.MoeSharding.FFN)])
+def test_dropless_token_chunks_equal_dense_values_and_gradients(shape, sharding, monkeypatch):
     """Chunks of 5 tokens (48 tokens: 24 per fsdp shard, the last chunk padded) give the dense
     layer's outputs and gradients, with a collapsed router too, one device and expert-parallel,
     and nothing counted as dropped."""
@@ -105,8 +145,8 @@ def test_dropless_token_chunks_equal_dense_values_and_gradients(shape, monkeypat
         if collapsed:
             args = (jnp.abs(args[0]),) + args[1:]
         with jax.set_mesh(mesh):
-            got = jax.jit(lambda *a: _value_and_grads(_routed, a))(*args)
-            load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True)[1])(*args)
+            got = jax.jit(lambda *a: _value_and_grads(_sharded_routed(sharding), a))(*args)
+            load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True, sharding=sharding)[1])(*args)
         assert set(buffers) == {5 * K}  # every buffer is one chunk's worst case
         _assert_close(got, _value_and_grads(moe.moe_mlp_dense, args))
         assert float(load.dropped) == 0.0
@@ -130,8 +170,10 @@ def test_dropless_token_chunks_bound_the_expert_buffers(monkeypatch):
     assert chunked * 3 < whole, (chunked, whole)
 
 
-def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
-    """The model's MoE path under the train step: shard_map on (1, 2, 4), same update as 1 CPU."""
+@pytest.mark.parametrize("sharding", list(moe.MoeSharding))
+def test_train_step_runs_the_experts_tensor_parallel_and_equals_one_device(sharding):
+    """The model's MoE path under the train step: shard_map on (1, 2, 4), the weights split as
+    `sharding` says, same update and router statistics as 1 CPU."""
     import flax.nnx as nnx
     import optax
 
@@ -141,7 +183,7 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
 
     cfg = ModelConfig(vocab_size=53, d_model=D, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                       ffn_dim=0, qk_norm=True, n_experts=E, n_experts_per_tok=K,
-                      expert_ffn_dim=F, family="qwen3_moe")
+                      expert_ffn_dim=F, family="qwen3_moe", moe_sharding=sharding)
     rng = np.random.default_rng(0)
     batch = dict(tokens=rng.integers(0, 53, (8, 10)).astype(np.int32),
                  loss_mask=np.ones((8, 10), np.float32),
@@ -156,6 +198,8 @@ def test_train_step_runs_the_experts_expert_parallel_and_equals_one_device():
             abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                                    sharding=a.sharding), state)
             assert "manual_computation" in step.lower(abstract, batch).as_text()
+            split = 1 if sharding is moe.MoeSharding.EXPERTS else 3  # E or F over 'tensor'
+            assert state.params["w_gate"].sharding.spec[split] == "tensor"
         state, metrics = step(state, batch)
         params[shape] = jax.tree.leaves(jax.device_get(state.params))
         loads[shape] = [float(metrics[k]) for k in ("router_max_over_mean_load",
@@ -295,3 +339,42 @@ def test_capacity_factor_comes_from_the_run_config_and_bad_values_are_named():
     cfg.model.moe_capacity_factor = -1.0
     with pytest.raises(ConfigError, match=r"model.moe_capacity_factor=-1.0 must be > 0"):
         parse(cfg)
+
+
+def test_moe_sharding_comes_from_the_run_config_and_bad_values_are_named():
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.errors import ConfigError
+
+    cfg = load_config_file("30b")
+    cfg.model.moe_sharding = "ffn"
+    assert parse(cfg).model.arch.moe_sharding is moe.MoeSharding.FFN
+    cfg.model.moe_sharding = "columns"
+    with pytest.raises(ConfigError, match=r"model.moe_sharding='columns': use one of "
+                                          r"\('experts', 'ffn'\)"):
+        parse(cfg)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="needs libtpu: pip install -e .[tpu]")
+def test_tpu_compiler_takes_column_split_experts_and_counts_exact_buffers():
+    """Compiled ahead of time for v5p-8 (4 chips on 'tensor', no TPU needed), values and
+    gradients: the megablox kernel takes the column split's 96-column tiles, and XLA's FLOPs
+    per chip are a quarter of the expert split's, whose dropless buffer (2 experts a rank,
+    top-2) has room for every token's copies."""
+    from spade_jax.plan import tpu_topology_devices
+
+    d, f, tokens = 256, 384, 512
+    shapes = [(1, tokens, d), (d, E), (E, d, f), (E, d, f), (E, f, d)]
+    mesh = make_mesh((1, 1, 4), tpu_topology_devices("v5p-8"))
+
+    def flops(sharding):
+        args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+                for shape, spec in zip(shapes, _layer_specs(sharding), strict=True)]
+        with jax.set_mesh(mesh):
+            step = jax.jit(lambda *a: _value_and_grads(_sharded_routed(sharding), a))
+            compiled = step.lower(*args).compile()
+        return compiled.cost_analysis()["flops"]
+
+    by_column, by_expert = flops(moe.MoeSharding.FFN), flops(moe.MoeSharding.EXPERTS)
+    print("ffn", by_column, "experts", by_expert)
+    assert 3.0 < by_expert / by_column < 4.5, (by_column, by_expert)
