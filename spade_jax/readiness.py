@@ -119,11 +119,9 @@ def expert_buffer_note(cfg, mesh_shape: dict, tokens: int) -> str:
     from spade_jax.sharding import BATCH_AXES
 
     tp = mesh_shape.get("tensor", 1)
-    by_column = (cfg.moe_sharding is MoeSharding.FFN
-                 and cfg.moe_sharding.splits(cfg.n_experts, cfg.expert_ffn_dim, tp))
-    by_expert = (cfg.moe_sharding is MoeSharding.EXPERTS
-                 and cfg.moe_sharding.splits(cfg.n_experts, cfg.expert_ffn_dim, tp))
-    ranks = tp if by_expert else 1
+    split = cfg.moe_sharding.splits(cfg.n_experts, cfg.expert_ffn_dim, tp)
+    by_column = split and cfg.moe_sharding is MoeSharding.FFN
+    ranks = tp if split and cfg.moe_sharding is MoeSharding.EXPERTS else 1
     worst = min(cfg.n_experts_per_tok, cfg.n_experts // ranks) * ranks / cfg.n_experts_per_tok
     if cfg.moe_capacity_factor is not None:
         return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer "
