@@ -97,17 +97,27 @@ def extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions
                          layout)
 
 
+def take_rows(cache: list, rows: jax.Array) -> list:
+    """The cache rows `rows` [b] of every layer (an index past the batch reads the last row)."""
+    return [(jnp.take(k, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip"))
+            for k, v in cache]
+
+
+def put_rows(cache: list, rows: jax.Array, sub: list) -> list:
+    """`cache` with its rows `rows` replaced by `sub` (an index past the batch is dropped)."""
+    return [(k.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
+            for (k, v), (sk, sv) in zip(cache, sub, strict=True)]
+
+
 def extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions, *,
                  layout):
     """`extend_block` of only the cache rows `rows` [b] (an index past the batch: a padding
     row, dropped), so the compute scales with the rows that have tokens, not the batch."""
     model = nnx.merge(graphdef, state)
     layer_params, _ = decode_weights(model, fused)
-    sub = [(jnp.take(k, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip"))
-           for k, v in cache]
-    sub = extend_block(model, layer_params, sub, lengths, tokens, token_mask, positions, layout)
-    return [(k.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
-            for (k, v), (sk, sv) in zip(cache, sub, strict=True)]
+    sub = extend_block(model, layer_params, take_rows(cache, rows), lengths, tokens, token_mask,
+                       positions, layout)
+    return put_rows(cache, rows, sub)
 
 
 class DecodeState(NamedTuple):
@@ -180,3 +190,12 @@ def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, m
 def grow_layer(k, v, *, new_window, layout):
     """One layer's keys and values padded to `new_window` slots."""
     return layout.pad_slots(k, v, new_window - layout.n_slots(v))
+
+
+def decode_rows(graphdef, state, fused, cache, rows, *args, max_top_k, layout):
+    """`decode` of only the cache rows `rows` [b] (an index past the batch: a padding row with
+    limit 0, dropped); the other arguments are those rows'. The compute scales with the rows
+    still sampling, not with the batch."""
+    sub, *outputs = decode(graphdef, state, fused, take_rows(cache, rows), *args,
+                           max_top_k=max_top_k, layout=layout)
+    return (put_rows(cache, rows, sub), *outputs)

@@ -15,9 +15,11 @@ Every row always has one *pending* token: the last token of its sequence, not ye
 Prefill writes a prompt's tokens but the last; a decode step writes the pending token and
 samples the next one, which becomes pending; an append writes the pending token and the
 observation but its last token. So prefill and append are the same jitted `extend`, and a turn
-that ended on a stop token needs no extra forward pass. An extend computes only the rows that
-have tokens (where the cache's batch is not split over devices): an observation for one row
-does not pay for the whole batch.
+that ended on a stop token needs no extra forward pass. Where the cache's batch is not split
+over devices, programs compute only the rows with work: an extend only the rows that have
+tokens, grouped by length bucket (an observation for one row does not pay for the whole batch,
+a short prompt is not padded to the longest), and a decode only the rows still running once
+they fit in half the batch (`Session.decode_segment`).
 
 Capacity: each row holds at most `capacity` tokens in its cache (`Session.free_slots`). A decode
 that fills a row ends it with finish reason 'context_full'; an append that does not fit raises
@@ -70,7 +72,7 @@ PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device 
 # XLA:CPU sends dots to YNNPACK library fusions by default. A decode step's attention products
 # are many tiny matrices (batch dims [rows, KV heads]), where XLA's own dot emitter is faster;
 # the CPU programs named here compile with the library fusions off (`bench/sampler.py`).
-CPU_PLAIN_DOT_PROGRAMS = frozenset({"decode"})
+CPU_PLAIN_DOT_PROGRAMS = frozenset({"decode", "decode_rows"})
 XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU options: no YNNPACK
 
 
@@ -212,8 +214,8 @@ class Sampler:
         return self._jitted[key](), self.put_batch(np.zeros((batch,), np.int32))
 
     def program(self, name: str, batch: int, window: int, **static):
-        """The jitted 'extend', 'extend_rows' (static `rows`: how many), 'decode' or
-        'grow_layer' (to `static['new_window']` slots) program."""
+        """The jitted 'extend', 'extend_rows' or 'decode_rows' (static `rows`: how many),
+        'decode' or 'grow_layer' (to `static['new_window']` slots) program."""
         key = (name, batch, window, tuple(sorted(static.items())))
         if key in self._jitted:
             return self._jitted[key]
@@ -237,6 +239,11 @@ class Sampler:
             fn = partial(programs.extend_rows, self.graphdef, layout=self.kv_layout)
             in_sh = (*head, scalar, scalar, scalar, scalar, scalar)
             out_sh = cache_sh
+        elif name == "decode_rows":  # only used where the cache's batch is not split
+            fn = partial(programs.decode_rows, self.graphdef, max_top_k=self.max_top_k,
+                         layout=self.kv_layout)
+            in_sh = (*head, *[scalar] * 13)
+            out_sh = (cache_sh, (scalar,) * 3, scalar, scalar, scalar)
         else:
             fn = partial(programs.decode, self.graphdef, max_top_k=self.max_top_k,
                          layout=self.kv_layout)

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64 slots is cheap
 _SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many steps when needed
+# The fewest rows a decode computes once finished rows are dropped from it (each row count is
+# a program to compile; below this a step costs about the same)
+MIN_DECODE_ROWS = 4
 
 
 class CacheFullError(ValueError):
@@ -149,12 +152,20 @@ class Session:
 
     def _extend(self, blocks: dict[int, list[int]]) -> None:
         """Write `blocks[r]` after row r's cached tokens, each row at its own position, in
-        pieces of at most `Sampler.extend_width` tokens per row (chunked prefill)."""
-        blocks = {r: b for r, b in blocks.items() if b}
+        pieces of at most `Sampler.extend_width` tokens per row (chunked prefill). Where the
+        cache's batch is not split over devices, rows whose blocks fall in the same length
+        bucket are written together, apart from the others: a short prompt is not padded to
+        the longest."""
+        groups: dict[int, dict[int, list[int]]] = {}
+        for r, block in blocks.items():
+            if block:
+                key = bucket(len(block)) if self.sampler.batch_multiple == 1 else 0
+                groups.setdefault(key, {})[r] = block
         chunk = self.sampler.extend_width(self.batch)
-        for start in range(0, max((len(b) for b in blocks.values()), default=0), chunk):
-            self._extend_piece({r: b[start:start + chunk] for r, b in blocks.items()
-                                if len(b) > start})
+        for group in groups.values():
+            for start in range(0, max(len(b) for b in group.values()), chunk):
+                self._extend_piece({r: b[start:start + chunk] for r, b in group.items()
+                                    if len(b) > start})
 
     def _extend_piece(self, blocks: dict[int, list[int]]) -> None:
         """Write the non-empty `blocks[r]` after row r's cached tokens in one extend call.
@@ -164,9 +175,12 @@ class Session:
         """
         longest = max(len(b) for b in blocks.values())
         width = bucket(longest)
-        self._ensure_window(int(self.lengths.max()) + width)
         n_rows = bucket(len(blocks), 1)
         subset = self.sampler.batch_multiple == 1 and n_rows < self.batch
+        # the block is staged in the window's last `width` slots, which the rows it is
+        # written to (all of them, or the subset) must leave free
+        written = self.lengths[sorted(blocks)] if subset else self.lengths
+        self._ensure_window(int(written.max()) + width)
         rows = np.array(sorted(blocks), np.int32) if subset else np.arange(self.batch)
         if subset:
             rows = np.concatenate([rows, np.full((n_rows - len(rows),), self.batch, np.int32)])
@@ -285,9 +299,17 @@ class Session:
             turn.remaining[r] = min(limit, free[r])
             turn.running[r] = turn.remaining[r] > 0
 
+    def _program_rows(self, n_running: int) -> int:
+        """Rows the next decode segment computes: the running ones padded to a power of two
+        (at least `MIN_DECODE_ROWS`) where that at least halves the batch and the cache's
+        batch is not split over devices, else the whole batch."""
+        rows = max(MIN_DECODE_ROWS, 1 << (n_running - 1).bit_length())
+        return rows if self.sampler.batch_multiple == 1 and 2 * rows <= self.batch else self.batch
+
     def decode_segment(self, turn: Turn, exit_after_finished: int | None = None) -> None:
         """One while-loop decode over the current window for `turn`'s running rows, ending
-        early once `exit_after_finished` of them finished; updates `turn` and the rows."""
+        early once `exit_after_finished` of them finished, or once so many finished that the
+        next segment can run on half the rows (`_program_rows`); updates `turn` and the rows."""
         running = turn.running
         if not running.any():
             return
@@ -296,24 +318,44 @@ class Session:
         # Grow the window geometrically, only as far as this segment needs.
         self._ensure_window(max(int(self.lengths.max()), longest + min(
             want, max(_SEGMENT_MIN_STEPS, longest // 2))))
-        n = self.num_rows
-        padded = lambda values: self.sampler.put_batch(np.concatenate(  # noqa: E731
-            [np.asarray(values, np.int32), np.zeros((self.batch - n,), np.int32)]))
-        program = self.sampler.program("decode", self.batch, self.window)
+        n_running = int(running.sum())
+        program_rows = self._program_rows(n_running)
         exit_after = self.batch + 1 if exit_after_finished is None else exit_after_finished
+        # pause once the rows still running fit in the next smaller program (a power of two)
+        half = (program_rows if program_rows < self.batch else self.batch) // 2
+        smaller = 1 << (half.bit_length() - 1) if half else 0
+        if self.sampler.batch_multiple == 1 and smaller >= MIN_DECODE_ROWS:
+            exit_after = min(exit_after, n_running - smaller)
+        if program_rows < self.batch:
+            rows = np.concatenate([np.flatnonzero(running), np.full(
+                (program_rows - n_running,), self.batch)]).astype(np.int32)
+            put = self.sampler.put_replicated
+            program = self.sampler.program("decode_rows", self.batch, self.window,
+                                           rows=program_rows)
+            head = (put(rows),)
+        else:
+            rows = np.arange(self.batch, dtype=np.int32)
+            put = self.sampler.put_batch
+            program = self.sampler.program("decode", self.batch, self.window)
+            head = ()
+        # per row, with a zero row at index `batch` for the padding rows
+        per_row = lambda values: put(np.append(  # noqa: E731
+            np.asarray(values, np.int32), np.zeros((self.batch + 1 - len(values),), np.int32)
+        )[rows])
+        limits = np.where(running, turn.remaining, 0)
         self.cache, buffers, n_gen, stopped, _ = program(
-            self.sampler.state, self.sampler.fused_weights, self.cache,
-            self.sampler.put_batch(self.lengths),
-            padded([seq[-1] for seq in self.sequences]),
-            padded([len(seq) - 1 for seq in self.sequences]),
-            padded(np.where(running, turn.remaining, 0)),
+            self.sampler.state, self.sampler.fused_weights, self.cache, *head,
+            per_row(self.lengths), per_row([seq[-1] for seq in self.sequences]),
+            per_row([len(seq) - 1 for seq in self.sequences]), per_row(limits),
             np.int32(self.window - longest), np.int32(exit_after), *turn.settings,
-            self.sampler.put_batch(self.key_ids))
-        n_gen, stopped = to_host(n_gen)[:n], to_host(stopped)[:n]
-        buffers = tuple(to_host(b)[:n] for b in buffers)
-        for r in np.flatnonzero(running):
-            k = int(n_gen[r])
-            tokens, logps, sampling_logps = (b[r, :k].tolist() for b in buffers)
+            per_row(self.key_ids))
+        n_gen, stopped = to_host(n_gen), to_host(stopped)
+        buffers = tuple(to_host(b) for b in buffers)
+        for i, r in enumerate(rows):
+            if r >= self.num_rows or not running[r]:
+                continue
+            k = int(n_gen[i])
+            tokens, logps, sampling_logps = (b[i, :k].tolist() for b in buffers)
             out = turn.outputs[r]
             out.tokens += tokens
             out.logprobs += logps
@@ -324,9 +366,9 @@ class Session:
             self.sampling_logprobs[r] += sampling_logps
             self.lengths[r] += k
             turn.remaining[r] -= k
-            if stopped[r]:
+            if stopped[i]:
                 out.finish_reason = FinishReason.STOP
-            running[r] = not stopped[r] and turn.remaining[r] > 0
+            running[r] = not stopped[i] and turn.remaining[r] > 0
 
     def training_arrays(self, rows: Sequence[int] | None = None,
                         length: int | None = None) -> dict[str, np.ndarray]:

@@ -153,7 +153,10 @@ def test_chunked_prefill_and_append_equal_one_block(model, sampler, monkeypatch)
         caches = [(np.asarray(k)[..., :60], np.asarray(v)[:, :, :60]) for k, v in session.cache]
         results.append((list(widths), first, second, lengths, caches))
     (whole_widths, *whole), (piece_widths, *pieces) = results
-    assert max(whole_widths) == 39 and max(piece_widths) == 16 and len(piece_widths) == 5
+    # prompt (39 + 6 tokens to write: two length groups) and observation: 3 blocks whole;
+    # in pieces of 16, 3 + 1 + 2
+    assert max(whole_widths) == 39 and len(whole_widths) == 3
+    assert max(piece_widths) == 16 and len(piece_widths) == 6
     (first_a, second_a, lengths_a, cache_a), (first_b, second_b, lengths_b, cache_b) = whole, pieces
     np.testing.assert_array_equal(lengths_a, lengths_b)
     for a, b in zip(first_a + second_a, first_b + second_b, strict=True):
@@ -164,6 +167,51 @@ def test_chunked_prefill_and_append_equal_one_block(model, sampler, monkeypatch)
         for (ka, va), (kb, vb) in zip(cache_a, cache_b, strict=True):
             np.testing.assert_allclose(ka[row, ..., :n], kb[row, ..., :n], atol=1e-5)
             np.testing.assert_allclose(va[row, :, :n], vb[row, :, :n], atol=1e-5)
+
+
+def test_prompts_are_prefilled_in_groups_of_one_length_bucket(model, sampler, monkeypatch):
+    """Short prompts are not padded to the longest: rows whose prompts fall in the same
+    length bucket are written together, apart from the others, and each row then samples
+    what it samples alone."""
+    from spade_jax.sampling.session import Session
+
+    pieces = []
+    original = Session._extend_piece
+
+    def spy(self, blocks):
+        pieces.append((frozenset(blocks), max(len(b) for b in blocks.values())))
+        return original(self, blocks)
+
+    monkeypatch.setattr(Session, "_extend_piece", spy)
+    prompts = [[1 + (3 * i + j) % 50 for j in range(n)] for i, n in enumerate([3, 70, 5, 40])]
+    turns = sampler.start(prompts, capacity=128).decode(6)
+    assert sorted(pieces, key=lambda p: p[1]) == [
+        (frozenset({0, 2}), 4), (frozenset({3}), 39), (frozenset({1}), 69)]
+    for prompt, turn in zip(prompts, turns, strict=True):
+        assert turn.tokens == sampler.start([prompt], capacity=128).decode(6)[0].tokens
+
+
+def test_finished_rows_leave_the_decode(model, monkeypatch):
+    """Once the rows still running fit in half the batch, the decode pauses and goes on with
+    only those rows ('decode_rows', a power of two of them, at least `MIN_DECODE_ROWS`).
+    Every row samples what it samples in a decode that keeps all rows, greedy or seeded."""
+    from spade_jax.sampling import session as session_lib
+
+    prompts = [[1 + (5 * i + j) % 50 for j in range(2 + i % 5)] for i in range(12)]
+    limits = [40, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 24]  # after 3 steps 2 of 12 rows still run
+    runs, programs = [], []
+    for min_rows in (session_lib.MIN_DECODE_ROWS, 1 << 20):  # then: never fewer rows
+        monkeypatch.setattr(session_lib, "MIN_DECODE_ROWS", min_rows)
+        sampler = Sampler(model)
+        runs.append([sampler.start(prompts, capacity=96).decode(limits, **knobs)
+                     for knobs in ({}, {"temperature": 1.0, "seed": 3})])
+        programs.append({key[3] for key in sampler._jitted if key[0] == "decode_rows"})
+    assert programs == [{(("rows", 4),)}, set()]
+    for compacted, whole in zip(*runs, strict=True):
+        assert [len(t.tokens) for t in compacted] == limits
+        for a, b in zip(compacted, whole, strict=True):
+            assert a.tokens == b.tokens
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
 def test_prefill_token_budget_below_one_bucket_is_refused(model):
