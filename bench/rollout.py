@@ -1,6 +1,7 @@
 """A mixed-length rollout on CPU: continuous batching vs the static session vs HF `generate`.
 
     python bench/rollout.py [--conversations 64] [--slots 16] [--max-turns 3] [--new-tokens 256]
+                            [--repeats 1] [--skip-transformers]
 
 SmolLM2-135M-Instruct (float32, 2 threads), greedy, natural EOS, at most --new-tokens per turn.
 Half the conversations are single-turn answers to chat questions, half are multi-turn plays of
@@ -14,7 +15,8 @@ workload runs three ways, each timed end to end (prefill, decode, appends, env s
   conversation so far (left-padded batch), stopping at EOS.
 Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds, including
 the compilations of shapes first met during the run (their count and seconds are printed: a
-warm-up cannot meet every shape the schedule produces). Outputs are
+warm-up cannot meet every shape the schedule produces). With --repeats 2 each way runs the
+workload again: what a run of many rollouts sees once its programs are compiled. Outputs are
 compared token for token: greedy decoding is deterministic, but a float near-tie between two
 implementations may pick the other token, after which a play's conversation diverges.
 """
@@ -168,6 +170,7 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
 
     import jax
@@ -206,20 +209,23 @@ def main() -> None:
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, secs, **_: compiling.append(secs)
         if event == "/jax/core/compile/backend_compile_duration" else None)
-    for name, run in runs.items():
-        compiling.clear()
-        start = time.perf_counter()
-        results[name] = run()
-        seconds[name] = time.perf_counter() - start
-        tokens = sum(len(t) for turns in results[name] for t in turns)
-        print(f"{name:>12}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
-              f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} XLA "
-              f"compilations took {sum(compiling):.1f} s (load average "
-              f"{os.getloadavg()[0]:.2f})", flush=True)
-    for name in results:
-        same = sum(a == b for a, b in zip(results[name], results["engine"], strict=True))
-        print(f"{name:>12}: {same}/{len(work.prompts)} conversations token-identical to the "
-              f"engine's; engine speed-up {seconds[name] / seconds['engine']:.2f}x")
+    for repeat in range(args.repeats):
+        for name, run in runs.items():
+            compiling.clear()
+            start = time.perf_counter()
+            results[name] = run()
+            seconds[name] = time.perf_counter() - start
+            tokens = sum(len(t) for turns in results[name] for t in turns)
+            print(f"run {repeat + 1} {name:>12}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
+                  f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} "
+                  f"XLA compilations took {sum(compiling):.1f} s (load average "
+                  f"{os.getloadavg()[0]:.2f})", flush=True)
+        for name in results:
+            same = sum(a == b for a, b in zip(results[name], results["engine"], strict=True))
+            print(f"run {repeat + 1} {name:>12}: {same}/{len(work.prompts)} conversations "
+                  f"token-identical to the engine's; speed-up of the engine "
+                  f"{seconds[name] / seconds['engine']:.2f}x, of the static session "
+                  f"{seconds[name] / seconds['static']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
