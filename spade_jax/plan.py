@@ -129,6 +129,9 @@ class MemoryPlan:
     attention_scores: int
     sampler_weights: int = 0  # the sampler's compute-dtype copy (0: it shares the masters)
     reference_weights: int = 0  # KL's frozen reference copy
+    # where the cache's batch is not split over devices: the copy of at most half its rows
+    # that a session's row-subset programs (extend_rows, decode_rows) gather
+    kv_row_copy: int = 0
 
     @property
     def resident(self) -> int:
@@ -137,7 +140,7 @@ class MemoryPlan:
 
     @property
     def sampling_peak(self) -> int:
-        return self.resident + self.kv_cache
+        return self.resident + self.kv_cache + self.kv_row_copy
 
     @property
     def training_peak(self) -> int:
@@ -218,6 +221,7 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
         attention_scores=attention_scores,
         sampler_weights=local * act_bytes if act_bytes != param_bytes else 0,
         reference_weights=local * act_bytes if shape.reference_copy else 0,
+        kv_row_copy=kv // 2 if shards == 1 else 0,
     )
 
 
@@ -227,7 +231,7 @@ def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> in
     sizes = dict(zip(MESH_AXES, shape.mesh, strict=True))
     step = math.prod(sizes[a] for a in kv_cache_axes(cfg.n_kv_heads, sizes)[0])
     one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
-    per_step = one.kv_cache
+    per_step = one.kv_cache + one.kv_row_copy
     free = hbm_bytes - one.resident
     return max(0, free // per_step) * step if per_step else 0
 
@@ -253,11 +257,14 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
         f"  gradients         {g(plan.gradients)}   float32 sums",
         f"  kv cache          {g(plan.kv_cache)}   {shape.rollout_batch} sequences x "
         f"{shape.context_len} tokens",
+        f"  kv row copy       {g(plan.kv_row_copy)}   half the cache's rows, where its batch "
+        "is not split (0: split)",
         f"  activations       {g(plan.activations)}   remat={shape.remat}, micro-batch "
         f"{shape.micro_batch} x {shape.seq_len} tokens{moe}",
         f"    of which attention scores {g(plan.attention_scores)} (one query chunk of "
         f"{ATTENTION_QUERY_CHUNK} at a time)",
-        f"  sampling peak     {g(plan.sampling_peak)}   weights and copies + optimizer + kv cache",
+        f"  sampling peak     {g(plan.sampling_peak)}   weights and copies + optimizer + kv cache "
+        "(+ row copy)",
         f"  training peak     {g(plan.training_peak)}   weights and copies + optimizer + "
         "gradients + activations",
     ]
@@ -425,7 +432,9 @@ def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
             f"no room for it: with it a device holds {gib(plan.sampling_peak)} while sampling "
             f"(master weights {gib(plan.parameters)}, optimizer {gib(plan.optimizer)}, sampler "
             f"copy {gib(plan.sampler_weights)}, KV cache {gib(plan.kv_cache)} for "
-            f"{shape.rollout_batch} conversations, reference {gib(plan.reference_weights)}) "
+            f"{shape.rollout_batch} conversations"
+            + (f", a copy of half its rows {gib(plan.kv_row_copy)}" if plan.kv_row_copy else "")
+            + f", reference {gib(plan.reference_weights)}) "
             f"but has {gib(bytes_per_device)}. Set train.kl_coef=0, use more devices, or "
             "sample fewer conversations at once (spade.plays_per_env, spade.games_per_cycle).")
     s = run.spade
@@ -437,7 +446,9 @@ def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
         f"(spade.games_per_cycle={s.games_per_cycle} + spade.replay_per_cycle="
         f"{s.replay_per_cycle}) = {shape.rollout_batch} conversations of up to "
         f"{shape.context_len} tokens need {gib(plan.kv_cache)} of KV cache per device "
-        f"plus {gib(plan.resident)} of parameters, their sampler / KL copies and optimizer "
+        + (f"(and {gib(plan.kv_row_copy)} for a copy of half its rows) " if plan.kv_row_copy
+           else "")
+        + f"plus {gib(plan.resident)} of parameters, their sampler / KL copies and optimizer "
         f"state, but a device has {gib(bytes_per_device)}. At most {fits} "
         "conversations fit: lower spade.plays_per_env, spade.hint_plays_per_env, "
         "spade.games_per_cycle or "

@@ -176,7 +176,8 @@ class Session:
         longest = max(len(b) for b in blocks.values())
         width = bucket(longest)
         n_rows = bucket(len(blocks), 1)
-        subset = self.sampler.batch_multiple == 1 and n_rows < self.batch
+        # a subset is a copy of its cache rows: at most half of them (`plan.kv_row_copy`)
+        subset = self.sampler.batch_multiple == 1 and 2 * n_rows <= self.batch
         # the block is staged in the window's last `width` slots, which the rows it is
         # written to (all of them, or the subset) must leave free
         written = self.lengths[sorted(blocks)] if subset else self.lengths

@@ -74,6 +74,11 @@ def test_parameter_bytes_follow_the_shardings():
     wide = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "mesh": (1, 4, 8),
                                           "rollout_batch": 64}))
     assert wide.kv_cache == 2 * 4 * (64 // 32) * 256 * 4 * 32 * 2
+    assert plan.kv_row_copy == wide.kv_row_copy == 0  # the batch is split: no row subsets
+    # One device: a session's row-subset programs copy at most half the cache's rows.
+    one = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "mesh": (1, 1, 1)}))
+    assert one.kv_row_copy == one.kv_cache // 2
+    assert one.sampling_peak == one.resident + one.kv_cache + one.kv_row_copy
     no_remat = memory_plan(CFG, TrainShape(**{**SHAPE.__dict__, "remat": "none"}))
     assert no_remat.activations > plan.activations
     assert "fits" in format_plan(CFG, SHAPE, plan, hbm_gib=16)
@@ -117,28 +122,29 @@ def test_rollout_check_passes_the_cpu_default_and_refuses_too_many_plays():
     assert "spade.plays_per_env=64 + spade.hint_plays_per_env=64" in message
     assert "384 conversations" in message
     assert "need 67.5 GiB of KV cache" in message and "1.5 GiB of parameters" in message
-    assert "At most 127 conversations fit" in message  # (24 GiB - 1.5 GiB) / 180 MiB = 127.98
+    assert "(and 33.8 GiB for a copy of half its rows)" in message  # one device: row subsets
+    assert "At most 85 conversations fit" in message  # (24 GiB - 1.5 GiB) / (1.5 x 180 MiB)
 
 
 def test_kl_without_room_for_its_reference_copy_is_refused_with_the_numbers():
-    """smollm2-135m at bf16 compute: 0.50 GiB float32 masters + 1.00 GiB moments + 0.25 GiB
-    sampler copy + 2.11 GiB bf16 KV cache for its 24 plays = 3.86 GiB; KL's bf16 reference
-    adds 0.25 GiB (4.11 GiB)."""
+    """smollm2-135m at bf16 compute on one device: 0.50 GiB float32 masters + 1.00 GiB
+    moments + 0.25 GiB sampler copy + 2.11 GiB bf16 KV cache for its 24 plays + 1.05 GiB for
+    a copy of half its rows = 4.91 GiB; KL's bf16 reference adds 0.25 GiB (5.16 GiB)."""
     from spade_jax.config import load_config_file, parse
     from spade_jax.plan import GIB, check_rollout_fits
 
     cfg = load_config_file("smollm2_135m")
     cfg.model.compute_dtype = "bfloat16"
-    check_rollout_fits(parse(cfg), 1, 4 * GIB)  # fits without KL
+    check_rollout_fits(parse(cfg), 1, 5 * GIB)  # fits without KL
     cfg.train.kl_coef = 0.005
-    check_rollout_fits(parse(cfg), 1, int(4.2 * GIB))  # and with it, given room
+    check_rollout_fits(parse(cfg), 1, int(5.2 * GIB))  # and with it, given room
     with pytest.raises(ConfigError) as err:
-        check_rollout_fits(parse(cfg), 1, 4 * GIB)
+        check_rollout_fits(parse(cfg), 1, 5 * GIB)
     message = str(err.value)
     assert message.startswith("train.kl_coef=0.005 needs a frozen reference copy")
     assert "0.3 GiB per device in bfloat16" in message
-    assert "holds 4.1 GiB while sampling" in message and "but has 4.0 GiB" in message
-    assert "KV cache 2.1 GiB for 24 conversations" in message
+    assert "holds 5.2 GiB while sampling" in message and "but has 5.0 GiB" in message
+    assert "KV cache 2.1 GiB for 24 conversations, a copy of half its rows 1.1 GiB" in message
 
 
 def test_a_run_asking_for_more_plays_than_memory_holds_stops_before_loading(tmp_path):
