@@ -176,8 +176,7 @@ class Session:
         longest = max(len(b) for b in blocks.values())
         width = bucket(longest)
         n_rows = bucket(len(blocks), 1)
-        # a subset is a copy of its cache rows: at most half of them (`plan.kv_row_copy`)
-        subset = self.sampler.batch_multiple == 1 and 2 * n_rows <= self.batch
+        subset = self._row_subset(n_rows)
         # the block is staged in the window's last `width` slots, which the rows it is
         # written to (all of them, or the subset) must leave free
         written = self.lengths[sorted(blocks)] if subset else self.lengths
@@ -300,12 +299,18 @@ class Session:
             turn.remaining[r] = min(limit, free[r])
             turn.running[r] = turn.remaining[r] > 0
 
+    def _row_subset(self, n_rows: int) -> bool:
+        """Whether a program may compute `n_rows` of the cache's rows apart: only where its
+        batch is not split over devices, and for at most half of them (a subset is a copy of
+        its rows, `plan.kv_row_copy`)."""
+        return self.sampler.batch_multiple == 1 and 2 * n_rows <= self.batch
+
     def _program_rows(self, n_running: int) -> int:
         """Rows the next decode segment computes: the running ones padded to a power of two
-        (at least `MIN_DECODE_ROWS`) where that at least halves the batch and the cache's
-        batch is not split over devices, else the whole batch."""
+        (at least `MIN_DECODE_ROWS`) where they may run apart (`_row_subset`), else the whole
+        batch."""
         rows = max(MIN_DECODE_ROWS, 1 << (n_running - 1).bit_length())
-        return rows if self.sampler.batch_multiple == 1 and 2 * rows <= self.batch else self.batch
+        return rows if self._row_subset(rows) else self.batch
 
     def decode_segment(self, turn: Turn, exit_after_finished: int | None = None) -> None:
         """One while-loop decode over the current window for `turn`'s running rows, ending
@@ -323,9 +328,9 @@ class Session:
         program_rows = self._program_rows(n_running)
         exit_after = self.batch + 1 if exit_after_finished is None else exit_after_finished
         # pause once the rows still running fit in the next smaller program (a power of two)
-        half = (program_rows if program_rows < self.batch else self.batch) // 2
+        half = program_rows // 2
         smaller = 1 << (half.bit_length() - 1) if half else 0
-        if self.sampler.batch_multiple == 1 and smaller >= MIN_DECODE_ROWS:
+        if smaller >= MIN_DECODE_ROWS and self._row_subset(smaller):
             exit_after = min(exit_after, n_running - smaller)
         if program_rows < self.batch:
             rows = np.concatenate([np.flatnonzero(running), np.full(
