@@ -6,7 +6,7 @@
 attention: cuDNN flash attention (what `model.attention=auto` picks on GPU in bf16) against
   our XLA attention on causal GQA with left padding, in bfloat16: the largest error of each
   against a float32 evaluation of the same inputs, for the output and the q/k/v gradients.
-moe: the routed MoE (`jax.lax.ragged_dot` on GPU) against the dense reference in float32 at
+moe: the routed MoE (its tiled grouped matmul on GPU) against the dense reference in float32 at
   highest matmul precision, forward and gradients, with one expert that gets every token.
 train: the real PPO train step on SmolLM2-135M's shapes (bf16 compute) with each kernel, one
   kernel's loss and gradient norm against the other's, and tokens/s.
@@ -67,9 +67,11 @@ def check_attention(quick: bool) -> None:
         q = jax.random.normal(keys[0], (batch, length, heads, head_dim))
         k_t = jax.random.normal(keys[1], (batch, kv_heads, head_dim, length))
         v = jax.random.normal(keys[2], (batch, kv_heads, length, head_dim))
-        cotangent = jax.random.normal(keys[3], (batch, length, heads, head_dim))
         pads = np.arange(batch) * (length // 5)  # row r has r * length/5 left-padding slots
         valid = np.arange(length)[None] >= pads[:, None]
+        # as in training, where the loss masks padding: padded queries get no cotangent
+        cotangent = jax.random.normal(keys[3], (batch, length, heads, head_dim)) * valid[
+            :, :, None, None]
         mask = SlotMask(jnp.asarray(valid), 0)
 
         def outputs(kernel, dtype, q=q, k_t=k_t, v=v, cotangent=cotangent, mask=mask):
@@ -84,10 +86,9 @@ def check_attention(quick: bool) -> None:
         bf16 = tuple(a.astype(jnp.bfloat16).astype(jnp.float32) for a in (q, k_t, v))
         with jax.default_matmul_precision("highest"):
             reference = outputs("xla", jnp.float32, *bf16)
-        # padded queries' outputs are unspecified; their gradients flow nowhere
-        row_valid = valid[:, :, None, None]
+        # padded queries' outputs are unspecified
         names = ("out", "dq", "dk", "dv")
-        masks = (row_valid, row_valid, None, None)
+        masks = (valid[:, :, None, None], None, None, None)
         print(f"attention B={batch} T={length} H={heads} K={kv_heads} Dh={head_dim}, bf16, "
               f"left padding {pads.tolist()}; error relative to the largest f32 value:")
         for kernel in kernels:
