@@ -3,20 +3,25 @@
     python bench/moe.py [--tokens 64] [--runs 3]
 
 One layer, float32, single device: D=2048, F=768, E=128, top-8, `--tokens` tokens. Prints the
-CPU model, the median forward time of `moe.moe_mlp` (routed; on CPU its grouped matmuls are
-`moe.tiled_grouped_matmul`) and `moe.moe_mlp_dense` (every expert on every token) after one
-warm-up, their ratio, and the ratio of their FLOPs from XLA's cost analysis of the same
-compiled programs. On a GPU the routed layer's grouped matmuls are `jax.lax.ragged_dot`.
+CPU model and JAX device, then the median forward time (after one warm-up) and the FLOPs from
+XLA's cost analysis of the same compiled program for `moe.moe_mlp_dense` (every expert on
+every token) and for `moe.moe_mlp` (routed) with each grouped matmul: `tiled` (what
+`moe.grouped_matmul` runs on CPU and GPU), XLA's `ragged_dot`, and on a GPU also JAX's Pallas
+Triton lowering of `ragged_dot` where this JAX has it. Each routed row gives its time and
+FLOP ratio to dense and its largest difference from dense. XLA's cost analysis on GPU leaves
+out library calls (cuBLAS), so FLOP ratios are meaningful on CPU only.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 from sampler import cpu_model  # bench/sampler.py: this script's folder is on sys.path
 
 D, F, E, K = 2048, 768, 128, 8  # Qwen3-30B-A3B
+TRITON_FLAG = "jax_ragged_dot_use_gpu_pallas_triton_lowering"
 
 
 def main() -> None:
@@ -37,26 +42,45 @@ def main() -> None:
     up = jax.random.normal(keys[3], (E, D, F)) * 0.02
     down = jax.random.normal(keys[4], (E, F, D)) * 0.02
     operands = (x, router, gate, up, down)
-    print(f"CPU: {cpu_model()}; JAX device: {jax.devices()[0].device_kind} "
+    print(f"CPU: {cpu_model()}; JAX {jax.__version__} device: {jax.devices()[0].device_kind} "
           f"({jax.device_count()} of {len(jax.devices()[0].client.devices())} visible)")
     print(f"one MoE layer, float32: {args.tokens} tokens, D={D}, F={F}, E={E}, top-{K}")
-    results = {}
-    routed = lambda *a: moe.moe_mlp(*a)[0]  # noqa: E731  (the output, not the RouterLoad)
-    for name, fn in (("routed", routed), ("dense", moe.moe_mlp_dense)):
-        compiled = jax.jit(lambda *a, fn=fn: fn(*a, K, True)).lower(*operands).compile()
-        flops = compiled.cost_analysis()["flops"]
+
+    def measure(fn, triton=False):
+        if triton:
+            jax.config.update(TRITON_FLAG, True)
+        try:
+            compiled = jax.jit(lambda *a: fn(*a, K, True)).lower(*operands).compile()
+        finally:
+            if triton:
+                jax.config.update(TRITON_FLAG, False)
         jax.block_until_ready(compiled(*operands))  # warm-up
         times = []
         for _ in range(args.runs):
             start = time.perf_counter()
             out = jax.block_until_ready(compiled(*operands))
             times.append(time.perf_counter() - start)
-        results[name] = (float(np.median(times)), flops, out)
-        print(f"{name:<7} {results[name][0] * 1e3:9.1f} ms  {flops / 1e9:9.2f} GFLOP (XLA)")
-    routed, dense = results["routed"], results["dense"]
-    err = float(np.abs(np.asarray(routed[2]) - np.asarray(dense[2])).max())
-    print(f"routed / dense: time {routed[0] / dense[0]:.2f}x, FLOPs {routed[1] / dense[1]:.2f}x"
-          f" (max |difference| {err:.1e})")
+        return float(np.median(times)), compiled.cost_analysis()["flops"], np.asarray(out)
+
+    dense_s, dense_flops, dense_out = measure(moe.moe_mlp_dense)
+    print(f"{'dense':<18} {dense_s * 1e3:9.1f} ms  {dense_flops / 1e9:9.2f} GFLOP (XLA)")
+    ragged_dot = lambda a, b, g: jax.lax.ragged_dot(a, b, g)  # noqa: E731
+    variants = [("routed, tiled", moe.tiled_grouped_matmul, False),
+                ("routed, ragged_dot", ragged_dot, False)]
+    if jax.default_backend() == "gpu" and hasattr(jax.config, TRITON_FLAG):
+        variants.append(("routed, triton", ragged_dot, True))
+    routed = lambda *a: moe.moe_mlp(*a)[0]  # noqa: E731  (the output, not the RouterLoad)
+    for name, grouped, triton in variants:
+        with mock.patch.object(moe, "grouped_matmul", grouped):
+            try:
+                seconds, flops, out = measure(routed, triton)
+            except Exception as error:  # one variant failing to build still reports the rest
+                print(f"{name:<18} failed: {type(error).__name__}: {str(error)[:200]}")
+                continue
+        err = float(np.abs(out - dense_out).max())
+        print(f"{name:<18} {seconds * 1e3:9.1f} ms  {flops / 1e9:9.2f} GFLOP (XLA)  "
+              f"vs dense: time {seconds / dense_s:.2f}x, FLOPs {flops / dense_flops:.2f}x, "
+              f"max |difference| {err:.1e}")
 
 
 if __name__ == "__main__":

@@ -317,9 +317,10 @@ def test_routed_layer_masks_the_megablox_kernels_unwritten_rows(monkeypatch):
     _assert_close(got, _value_and_grads(moe.moe_mlp_dense, args))
 
 
-@pytest.mark.parametrize("platform, op", [("tpu", "tpu_custom_call"), ("cuda", "ragged_dot"),
+@pytest.mark.parametrize("platform, op", [("tpu", "tpu_custom_call"), ("cuda", None),
                                           ("cpu", None)])
-def test_grouped_matmul_picks_megablox_on_tpu_ragged_dot_on_gpu(platform, op):
+def test_grouped_matmul_picks_megablox_on_tpu_and_tiles_elsewhere(platform, op):
+    """XLA's ragged dot is never emitted: on GPU it ran slower than the dense layer."""
     lhs = jax.ShapeDtypeStruct((256, 128), jnp.bfloat16)
     rhs = jax.ShapeDtypeStruct((4, 128, 128), jnp.bfloat16)
     sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
