@@ -44,6 +44,7 @@ programs once (about two per window size it reaches).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import partial
 
@@ -70,10 +71,28 @@ from spade_jax.sharding import (
 
 PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device (its rows x width)
 # XLA:CPU sends dots to YNNPACK library fusions by default. A decode step's attention products
-# are many tiny matrices (batch dims [rows, KV heads]), where XLA's own dot emitter is faster;
-# the CPU programs named here compile with the library fusions off (`bench/sampler.py`).
+# are many tiny matrices (batch dims [rows, KV heads]), where XLA's own dot emitter was faster
+# on a 2-core AMD EPYC but slower on a 16-core Intel Xeon, whose threads YNNPACK's fusions
+# use (README, performance). On hosts with fewer than `PLAIN_DOTS_BELOW_CORES` schedulable
+# cores the CPU programs named here compile with the library fusions off.
 CPU_PLAIN_DOT_PROGRAMS = frozenset({"decode", "decode_rows"})
+PLAIN_DOTS_BELOW_CORES = 8  # between the two hosts measured; the crossover is not measured
 XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU options: no YNNPACK
+
+
+def host_cores() -> int:
+    """The CPU cores this process may run on (XLA:CPU sizes its thread pool by them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def program_compiler_options(platform: str, program: str, cores: int) -> dict | None:
+    """XLA options for compiling sampler `program` on `platform` with `cores` host cores:
+    XLA's own dot emitter for CPU decode programs on small hosts, else XLA's defaults."""
+    if platform == "cpu" and program in CPU_PLAIN_DOT_PROGRAMS and cores < PLAIN_DOTS_BELOW_CORES:
+        return XLA_DOT_EMITTER
+    return None
 
 
 class Sampler:
@@ -250,10 +269,10 @@ class Sampler:
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
-        plain_dots = self.mesh.devices.flat[0].platform == "cpu" and name in CPU_PLAIN_DOT_PROGRAMS
+        options = program_compiler_options(self.mesh.devices.flat[0].platform, name, host_cores())
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
                                     out_shardings=out_sh, donate_argnums=(2,),
-                                    compiler_options=XLA_DOT_EMITTER if plain_dots else None)
+                                    compiler_options=options)
         return self._jitted[key]
 
     def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET):

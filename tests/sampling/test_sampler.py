@@ -416,3 +416,14 @@ def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_
     for k, v in session.cache:
         assert k.shape == v.shape == (8, session.window, CFG.n_kv_heads, CFG.head_dim)
         assert k.addressable_shards[0].data.size * n_devices == k.size, k.sharding
+
+
+@pytest.mark.parametrize("platform, program, cores, plain", [
+    ("cpu", "decode", 2, True), ("cpu", "decode_rows", 7, True), ("cpu", "decode", 8, False),
+    ("cpu", "decode", 16, False), ("cpu", "extend", 2, False), ("tpu", "decode", 2, False),
+    ("gpu", "decode", 2, False)])
+def test_cpu_decode_uses_xla_dot_emitter_only_on_small_hosts(platform, program, cores, plain):
+    from spade_jax.sampling.sampler import XLA_DOT_EMITTER, program_compiler_options
+
+    options = program_compiler_options(platform, program, cores)
+    assert options == (XLA_DOT_EMITTER if plain else None)
