@@ -64,7 +64,8 @@ _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Directory of benchmark data files the packages do not ship (README).")
 _TABLE_SETTINGS = flags.DEFINE_string(
     "table_settings", "", "Overrides of suite settings: suite.field=value,... "
-    "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns).")
+    "(fields: samples, temperature, top_p, top_k, max_new_tokens, max_turns; user_ before a "
+    "decoding field sets the simulated user's, e.g. acebench.user_max_new_tokens=64).")
 _TABLE_SUITES = flags.DEFINE_string(
     "table_suites", "", "Only these suites of --table (comma-separated; default: all), e.g. "
     "the ones whose data --data_dir has; the others show '—' with the reason.")

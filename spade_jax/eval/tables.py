@@ -93,8 +93,11 @@ SUITE_SETTINGS: dict[str, SuiteSettings] = {
 }
 AIME_YEARS = (2025, 2026)
 _SUITE_FIELDS = {"samples": "int", "max_turns": "int"}
-# Fields `table_settings` overrides by name: the suite's own and its decoding's.
-OVERRIDABLE = {**_SUITE_FIELDS, **{f.name: f.type for f in dataclasses.fields(Decoding)}}
+_DECODING_FIELDS = {f.name: f.type for f in dataclasses.fields(Decoding)}
+USER_PREFIX = "user_"  # `user_max_new_tokens`: the simulated user's decoding, not the agent's
+# Fields `table_settings` overrides by name: the suite's own, its decoding's and its user's.
+OVERRIDABLE = {**_SUITE_FIELDS, **_DECODING_FIELDS,
+               **{USER_PREFIX + name: kind for name, kind in _DECODING_FIELDS.items()}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,9 +184,15 @@ def table_settings(table: str, overrides: str | Mapping[str, str] = "") -> dict[
         current = settings[suite]
         if field in _SUITE_FIELDS:
             settings[suite] = dataclasses.replace(current, **{field: typed})
-        else:
+        elif field in _DECODING_FIELDS:
             settings[suite] = dataclasses.replace(
                 current, decoding=dataclasses.replace(current.decoding, **{field: typed}))
+        elif current.user_decoding is None:
+            raise ValueError(f"setting {key}: {suite} has no simulated user")
+        else:
+            user = dataclasses.replace(current.user_decoding,
+                                       **{field.removeprefix(USER_PREFIX): typed})
+            settings[suite] = dataclasses.replace(current, user_decoding=user)
     return settings
 
 

@@ -130,7 +130,7 @@ def test_tiny_model_plays_the_rq2_table_from_the_command_line(tmp_path):
          "--table=rq2", "--table_suites=bfcl_v4,acebench", "--limit=17",
          f"--data_dir={ACEBENCH_DATA}",
          "--table_settings=bfcl_v4.max_new_tokens=4,acebench.max_new_tokens=4,"
-         "acebench.max_turns=6", f"--out={out}"], cwd=root,
+         "acebench.max_turns=6,acebench.user_max_new_tokens=4", f"--out={out}"], cwd=root,
         env=command_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(

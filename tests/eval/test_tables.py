@@ -176,6 +176,12 @@ def test_settings_are_the_reference_values_and_overridable():
         tables.table_settings("rq1", "aime.samples=many")
     with pytest.raises(ValueError, match="unknown table 'rq3'"):
         tables.table_settings("rq3")
+    with pytest.raises(ValueError, match="aime.user_top_k: aime has no simulated user"):
+        tables.table_settings("rq1", "aime.user_top_k=2")
+    users = tables.table_settings("rq2", "acebench.user_max_new_tokens=4")
+    assert users["acebench"].user_decoding == Decoding(
+        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=4)
+    assert users["acebench"].decoding == tables.SUITE_SETTINGS["acebench"].decoding
     rq2 = tables.table_settings("rq2")
     for suite in rq2:
         rq2[suite] = dataclasses.replace(rq2[suite], unavailable=f"{suite} off")
