@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -47,10 +48,16 @@ def bound_env_code(module: ModuleType, **kwargs: Any) -> str:
     return f"{source}\n\nBOUND_KWARGS = {literal}\n"
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(code: str):
+    """`code` compiled once (a replay instantiates the same task's environment many times)."""
+    return compile(code, "<eval env>", "exec")
+
+
 def env_class_from_code(code: str) -> type:
     """Execute environment source in a fresh namespace and return its single `*Env` class."""
     namespace: dict[str, Any] = {"__name__": "spade_eval_env"}
-    exec(compile(code, "<eval env>", "exec"), namespace)  # noqa: S102 - trusted callers only
+    exec(_compiled(code), namespace)  # noqa: S102 - trusted callers only
     classes = [
         value
         for name, value in namespace.items()
