@@ -29,6 +29,8 @@ import time
 
 from sampler import cpu_model  # bench/sampler.py: this script's folder is on sys.path
 
+from spade_jax.eval.tasks import env_class_from_code  # the standard library only: no JAX yet
+
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
 QUESTIONS = [
@@ -41,15 +43,6 @@ QUESTIONS = [
     "List the planets of the solar system in order from the sun.",
     "Summarise the plot of Romeo and Juliet in two sentences.",
 ]
-
-
-def load_env(code: str, max_turns: int):
-    """An instance of the one *Env class `code` defines (as the sandbox worker loads it)."""
-    namespace: dict = {"__name__": "bench_env"}
-    exec(compile(code, "<seed_env>", "exec"), namespace)
-    [cls] = [v for k, v in namespace.items() if isinstance(v, type) and k.endswith("Env")
-             and v.__module__ == "bench_env"]
-    return cls(max_turns=max_turns)
 
 
 class Workload:
@@ -71,7 +64,7 @@ class Workload:
             else:
                 game = games[i // 2 % len(games)]
                 self.games.append((game.code, i))
-                env = load_env(game.code, max_turns)
+                env = env_class_from_code(game.code)(max_turns=max_turns)
                 observation, _ = env.reset(seed=i)
                 self.prompts.append(chat.prompt(
                     [{"role": "system", "content": GAME_AGENT_SYSTEM_PROMPT},
@@ -81,7 +74,7 @@ class Workload:
         envs = {}
         for i, game in enumerate(self.games):
             if game is not None:
-                envs[i] = load_env(game[0], self.max_turns)
+                envs[i] = env_class_from_code(game[0])(max_turns=self.max_turns)
                 envs[i].reset(seed=game[1])
         return envs
 

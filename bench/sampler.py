@@ -1,10 +1,14 @@
 """Greedy decode throughput: spade_jax sampler vs HF transformers `generate` (same run).
 
     python bench/sampler.py [--batches 1,8,32] [--new-tokens 128] [--runs 3]
+                            [--decode-dots auto,ynnpack,emitter]
 
 SmolLM2-135M-Instruct in float32 on 2 threads, ~60-token chat prompts, EOS ignored so every row
 makes exactly --new-tokens tokens. tokens/s = batch x new tokens / wall time of one generate
 call (prefill included), median over --runs after one warm-up (which compiles ours).
+--decode-dots times ours once per way of compiling the CPU decode's dots
+(`spade_jax.sampling.DecodeDots`; default: auto, what this host runs), each against the same
+`transformers` baseline, so the dot paths' A/B on a machine is one command.
 
 Also printed, as context rather than a baseline: the "matmul bound", the tokens/s of the decoder's
 projection and unembedding matmuls alone with the same weights and batch (no attention, cache,
@@ -102,9 +106,11 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
     return batch * steps / seconds
 
 
-def decode_bench_args(doc: str) -> argparse.Namespace:
-    """The decode benchmarks' flags: --batches (comma-separated), --new-tokens, --runs."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+def decode_bench_args(doc: str, parser: argparse.ArgumentParser | None = None
+                      ) -> argparse.Namespace:
+    """The decode benchmarks' flags: --batches (comma-separated), --new-tokens, --runs, and
+    those `parser` already has."""
+    parser = parser or argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
@@ -114,14 +120,17 @@ def decode_bench_args(doc: str) -> argparse.Namespace:
 
 
 def main() -> None:
-    args = decode_bench_args(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decode-dots", default="auto",
+                        help="comma-separated DecodeDots values: auto, ynnpack, emitter")
+    args = decode_bench_args(__doc__, parser)
     batches = args.batches
 
     import torch
     import transformers
 
     import spade_jax
-    from spade_jax.sampling import generate
+    from spade_jax.sampling import DecodeDots, Sampler, generate
 
     torch.set_num_threads(2)
     path = gguf_path()
@@ -132,17 +141,16 @@ def main() -> None:
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     n = args.new_tokens
+    samplers = {DecodeDots(d): Sampler(policy.model, decode_dots=d)
+                for d in args.decode_dots.split(",")}
 
     ours_text = generate(policy.model, policy.tokenizer, chats[:1], max_new_tokens=48)[0].text
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
           f"{os.getloadavg()[0]:.2f} (other work skews the figures)")
-    print(f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} "
+    print(f"{'batch':>5} {'decode dots':>11} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} "
           f"{'matmul bound tok/s':>19} {'ours/bound':>10}")
     for batch in batches:
         prompts = [chats[i % len(chats)] for i in range(batch)]
-
-        def ours(prompts=prompts):
-            generate(policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True)
 
         texts = [hf_tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                  for p in prompts]
@@ -153,12 +161,15 @@ def main() -> None:
                 hf.generate(**enc, do_sample=False, min_new_tokens=n, max_new_tokens=n,
                             pad_token_id=hf_tok.pad_token_id or hf_tok.eos_token_id)
 
-        ours_s = timed(ours, args.runs)
-        hf_s = timed(baseline, args.runs)
-        ours_tps, hf_tps = batch * n / ours_s, batch * n / hf_s
+        hf_tps = batch * n / timed(baseline, args.runs)
         bound_tps = matmul_bound(policy, batch, n, args.runs)
-        print(f"{batch:>5} {ours_tps:>11.1f} {hf_tps:>9.1f} {ours_tps / hf_tps:>5.2f}x "
-              f"{bound_tps:>19.1f} {ours_tps / bound_tps:>9.0%}", flush=True)
+        for dots, sampler in samplers.items():
+            ours_tps = batch * n / timed(lambda prompts=prompts, sampler=sampler: generate(
+                policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True,
+                sampler=sampler), args.runs)
+            print(f"{batch:>5} {dots.value:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
+                  f"{ours_tps / hf_tps:>5.2f}x {bound_tps:>19.1f} {ours_tps / bound_tps:>9.0%}",
+                  flush=True)
     with torch.no_grad():
         enc = hf_tok([hf_tok.apply_chat_template(chats[0], tokenize=False,
                                                  add_generation_prompt=True)],

@@ -26,6 +26,7 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
+from spade_jax.sampling.sampler import DecodeDots
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.seeding import check_seed
 from spade_jax.spade.hints import HintMode, HintSchedule
@@ -119,6 +120,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampling.validator_top_k = 20
     c.sampling.validator_max_new_tokens = 16384
     c.sampling.max_context = 32768
+    # On CPU only: the decode programs' dots through XLA's own emitter or YNNPACK's fusions;
+    # auto picks by the host's cores (the emitter below 8), see spade_jax/sampling/sampler.py.
+    c.sampling.cpu_decode_dots = DecodeDots.AUTO.value
 
     c.train = ml_collections.ConfigDict()
     c.train.learning_rate = 1e-6
@@ -336,6 +340,7 @@ class SamplingConfig:
     validator_top_k: int = 20
     validator_max_new_tokens: int = 16384
     max_context: int = 32768
+    cpu_decode_dots: DecodeDots | None = DecodeDots.AUTO
 
     def decoding(self, role: str) -> Decoding:
         """The sampler settings of `role` ('designer', 'agent', 'hint' or 'validator')."""
@@ -578,6 +583,9 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     s["role_scale_counts"] = _choice(RoleScaleCounts, s["role_scale_counts"],
                                      "spade.role_scale_counts", problems)
     s["blend"] = _section(BlendParams, s["blend"], "spade.blend", problems)
+    sampling = dict(c["sampling"])
+    sampling["cpu_decode_dots"] = _choice(DecodeDots, sampling["cpu_decode_dots"],
+                                          "sampling.cpu_decode_dots", problems)
     memory = dict(c["memory"])
     memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
     mesh = _section(MeshConfig, c["mesh"], "mesh", problems)
@@ -589,7 +597,7 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     run = RunConfig(
         seed=seed, total_cycles=c["total_cycles"], mode=mode, fixed_pool=c["fixed_pool"],
         model=_section(PolicyConfig, model, "model", problems), mesh=mesh,
-        sampling=_section(SamplingConfig, c["sampling"], "sampling", problems),
+        sampling=_section(SamplingConfig, sampling, "sampling", problems),
         train=_section(TrainConfig, t, "train", problems),
         spade=_section(SpadeConfig, s, "spade", problems),
         memory=_section(MemoryConfig, memory, "memory", problems),

@@ -78,12 +78,14 @@ def generate(
     seed: int = 0,
     mesh: Mesh | None = None,
     ignore_eos: bool = False,
+    sampler: Sampler | None = None,
 ) -> list[Completion]:
     """Generate a completion for each prompt (strings, or chat message lists).
 
     `stop` mixes stop strings and stop token ids; the tokenizer's EOS always stops unless
     `ignore_eos` (benchmarks). Stop strings are matched on the host after decoding, so the
-    device may generate past them; the completion is cut back.
+    device may generate past them; the completion is cut back. `sampler`: a Sampler of `model`
+    to run instead of the cached one (`sampler_for`), e.g. one with other compile options.
     """
     stop = list(stop or ())
     stop_ids = [s for s in stop if isinstance(s, int)]
@@ -91,7 +93,7 @@ def generate(
     if not ignore_eos and tokenizer.eos_token_id is not None:
         stop_ids.append(int(tokenizer.eos_token_id))
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
-    sampler = sampler_for(model, mesh)
+    sampler = sampler if sampler is not None else sampler_for(model, mesh)
     capacity = max(len(p) for p in prompt_ids) + max_new_tokens
     session = sampler.start(prompt_ids, capacity=capacity)
     turns = session.decode(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

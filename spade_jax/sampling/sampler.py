@@ -44,6 +44,7 @@ programs once (about two per window size it reaches).
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Sequence
 from functools import partial
@@ -73,8 +74,7 @@ PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device 
 # XLA:CPU sends dots to YNNPACK library fusions by default. A decode step's attention products
 # are many tiny matrices (batch dims [rows, KV heads]), where XLA's own dot emitter was faster
 # on a 2-core AMD EPYC but slower on a 16-core Intel Xeon, whose threads YNNPACK's fusions
-# use (README, performance). On hosts with fewer than `PLAIN_DOTS_BELOW_CORES` schedulable
-# cores the CPU programs named here compile with the library fusions off.
+# use (README, performance).
 CPU_PLAIN_DOT_PROGRAMS = frozenset({"decode", "decode_rows"})
 PLAIN_DOTS_BELOW_CORES = 8  # between the two hosts measured; the crossover is not measured
 XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU options: no YNNPACK
@@ -87,12 +87,25 @@ def host_cores() -> int:
     return os.cpu_count() or 1
 
 
-def program_compiler_options(platform: str, program: str, cores: int) -> dict | None:
-    """XLA options for compiling sampler `program` on `platform` with `cores` host cores:
-    XLA's own dot emitter for CPU decode programs on small hosts, else XLA's defaults."""
-    if platform == "cpu" and program in CPU_PLAIN_DOT_PROGRAMS and cores < PLAIN_DOTS_BELOW_CORES:
-        return XLA_DOT_EMITTER
-    return None
+class DecodeDots(enum.StrEnum):
+    """`sampling.cpu_decode_dots`: how XLA:CPU compiles the decode programs' dots. AUTO: XLA's
+    own dot emitter on hosts with fewer than `PLAIN_DOTS_BELOW_CORES` cores, else YNNPACK's
+    library fusions; YNNPACK or EMITTER on any host (time both with `bench/sampler.py
+    --decode-dots`). Other programs and other platforms keep XLA's defaults."""
+
+    AUTO = "auto"
+    YNNPACK = "ynnpack"
+    EMITTER = "emitter"
+
+    def compiler_options(self, platform: str, program: str, cores: int) -> dict | None:
+        """XLA options for compiling sampler `program` on `platform` with `cores` host cores."""
+        if platform != "cpu" or program not in CPU_PLAIN_DOT_PROGRAMS:
+            return None
+        if self is DecodeDots.AUTO:
+            emitter = cores < PLAIN_DOTS_BELOW_CORES
+        else:
+            emitter = self is DecodeDots.EMITTER
+        return XLA_DOT_EMITTER if emitter else None
 
 
 class Sampler:
@@ -108,12 +121,14 @@ class Sampler:
     `prefill_tokens`: the tokens one extend call may compute per device (see `extend_width`).
     `kv_layout` (None: the one the mesh's platform runs without copies,
     `KVLayout.for_platform`): how the KV cache stores each layer.
+    `decode_dots`: how the CPU decode programs compile their dots (`DecodeDots`).
     """
 
     def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
                  max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None,
                  compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE,
-                 kv_layout: KVLayout | str | None = None):
+                 kv_layout: KVLayout | str | None = None,
+                 decode_dots: DecodeDots | str = DecodeDots.AUTO):
         if int(prefill_tokens) < MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {MIN_BUCKET} tokens per device")
@@ -125,6 +140,7 @@ class Sampler:
         self.kv_layout = (KVLayout.for_platform(platform) if kv_layout is None
                           else KVLayout(kv_layout))
         self.max_top_k = max_top_k
+        self.decode_dots = DecodeDots(decode_dots)
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
         self.graphdef, state = nnx.split(model)
         self._state_shardings = param_shardings(state, self.mesh)
@@ -269,7 +285,8 @@ class Sampler:
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
-        options = program_compiler_options(self.mesh.devices.flat[0].platform, name, host_cores())
+        options = self.decode_dots.compiler_options(self.mesh.devices.flat[0].platform, name,
+                                                    host_cores())
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
                                     out_shardings=out_sh, donate_argnums=(2,),
                                     compiler_options=options)

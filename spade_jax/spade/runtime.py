@@ -88,7 +88,8 @@ class Runtime:
             compute_copy(self.train_state.params, compute_dtype,
                          self.train_step.shardings.params)
             if self.train_config.kl_coef else None)
-        self.sampler = Sampler(model, mesh=mesh, compute_dtype=compute_dtype)
+        self.sampler = Sampler(model, mesh=mesh, compute_dtype=compute_dtype,
+                               decode_dots=run.sampling.cpu_decode_dots)
         max_turns = run.spade.max_turns
         self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns)
         self.validation_pool = EnvPool(run.sandbox, warm=2, max_turns=max_turns)
