@@ -7,8 +7,9 @@ SmolLM2-135M-Instruct in float32 on 2 threads, ~60-token chat prompts, EOS ignor
 makes exactly --new-tokens tokens. tokens/s = batch x new tokens / wall time of one generate
 call (prefill included), median over --runs after one warm-up (which compiles ours).
 --decode-dots times ours once per way of compiling the CPU decode's dots
-(`spade_jax.sampling.DecodeDots`; default: auto, what this host runs), each against the same
-`transformers` baseline, so the dot paths' A/B on a machine is one command.
+(`spade_jax.sampling.DecodeDots`; default: auto, what this host runs), their runs interleaved,
+each against the same `transformers` baseline, so the dot paths' A/B on a machine is one
+command.
 
 Also printed, as context rather than a baseline: the "matmul bound", the tokens/s of the decoder's
 projection and unembedding matmuls alone with the same weights and batch (no attention, cache,
@@ -60,6 +61,22 @@ def timed(fn, runs: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def timed_interleaved(fns: dict, runs: int) -> dict:
+    """Median seconds of each of `fns` after one warm-up each, the runs taken in rounds of one
+    each, every round starting one variant later, so neither a drift in the machine's speed
+    nor a place in the order favours a variant."""
+    for fn in fns.values():
+        fn()
+    names = list(fns)
+    times = {name: [] for name in names}
+    for round_ in range(runs):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 # XLA:CPU runs dots through YNNPACK library fusions by default; an empty fusion list gives its
@@ -163,10 +180,11 @@ def main() -> None:
 
         hf_tps = batch * n / timed(baseline, args.runs)
         bound_tps = matmul_bound(policy, batch, n, args.runs)
-        for dots, sampler in samplers.items():
-            ours_tps = batch * n / timed(lambda prompts=prompts, sampler=sampler: generate(
-                policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True,
-                sampler=sampler), args.runs)
+        ours_s = timed_interleaved({dots: lambda prompts=prompts, sampler=sampler: generate(
+            policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True,
+            sampler=sampler) for dots, sampler in samplers.items()}, args.runs)
+        for dots, seconds in ours_s.items():
+            ours_tps = batch * n / seconds
             print(f"{batch:>5} {dots.value:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
                   f"{ours_tps / hf_tps:>5.2f}x {bound_tps:>19.1f} {ours_tps / bound_tps:>9.0%}",
                   flush=True)
