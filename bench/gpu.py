@@ -1,7 +1,7 @@
 """The CUDA path on a real GPU, checked and timed in one run (the GPU kernels cannot run on CPU).
 
     python bench/gpu.py [--sections attention,moe,train,decode] [--batches 1,32,128]
-                        [--new-tokens 128] [--runs 3] [--quick]
+                        [--new-tokens 128] [--runs 3] [--decode-dots auto] [--quick]
 
 attention: cuDNN flash attention (what `model.attention=auto` picks on GPU in bf16) against
   our XLA attention on causal GQA with left padding, in bfloat16: the largest error of each
@@ -12,7 +12,9 @@ train: the real PPO train step on SmolLM2-135M's shapes (bf16 compute) with each
   kernel's loss and gradient norm against the other's, and tokens/s.
 decode: greedy decode against `transformers` `generate` on the same device with the same
   random SmolLM2-135M weights (written by `save_hf`), EOS ignored: tokens/s per batch and the
-  share of generated tokens that agree. bf16 on GPU, float32 on CPU.
+  share of generated tokens that agree. bf16 on GPU, float32 on CPU. On CPU, --decode-dots
+  (e.g. auto,ynnpack,emitter) times ours once per way of compiling the decode's dots
+  (`spade_jax.sampling.DecodeDots`), their runs interleaved as in bench/sampler.py.
 
 Weights are random because the embedded GGUF does not travel to the GPU machine; the shapes
 are SmolLM2-135M-Instruct's, so the timings are the real model's. With JAX_PLATFORMS=cpu the
@@ -28,7 +30,11 @@ import tempfile
 import time
 import traceback
 
-from sampler import cpu_model, timed  # bench/sampler.py: this script's folder is on sys.path
+from sampler import (  # bench/sampler.py: this script's folder is on sys.path
+    cpu_model,
+    timed,
+    timed_interleaved,
+)
 
 SECTIONS = ("attention", "moe", "train", "decode")
 
@@ -191,7 +197,8 @@ def check_train(quick: bool, runs: int) -> None:
         assert abs(float(ma["grad_norm"]) / float(mb["grad_norm"]) - 1) < 0.02
 
 
-def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int) -> None:
+def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int,
+                 decode_dots: list[str]) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -212,17 +219,19 @@ def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int) ->
         save_hf(model, directory)
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             directory, dtype=torch_dtype).to(device).eval()
-    sampler = Sampler(model, compute_dtype=dtype)
+    samplers = {dots: Sampler(model, compute_dtype=dtype, decode_dots=dots)
+                for dots in decode_dots}
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, cfg.vocab_size, 40 + 7 * (i % 4)).tolist() for i in range(256)]
     print(f"decode on {jax.devices()[0].device_kind} ({device}), {jnp.dtype(dtype).name}, "
           f"{new_tokens} new tokens, EOS ignored; torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), jax {jax.__version__}")
-    print(f"  {'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} {'agree':>6}")
+    print(f"  {'batch':>5} {'decode dots':>11} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} "
+          f"{'agree':>6}")
     for batch in batches:
         rows = prompts[:batch]
 
-        def ours(rows=rows):
+        def ours(sampler, rows=rows):
             session = sampler.start(rows, capacity=max(map(len, rows)) + new_tokens)
             return [turn.tokens for turn in session.decode(new_tokens)]
 
@@ -240,12 +249,16 @@ def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int) ->
                 torch.cuda.synchronize()
             return out[:, width:].tolist()
 
-        ours_s, hf_s = timed(ours, runs), timed(baseline, runs)
-        agree = np.mean([a == b for x, y in zip(ours(), baseline(), strict=True)
-                         for a, b in zip(x, y, strict=True)])
-        ours_tps, hf_tps = batch * new_tokens / ours_s, batch * new_tokens / hf_s
-        print(f"  {batch:>5} {ours_tps:>11.1f} {hf_tps:>9.1f} {ours_tps / hf_tps:>5.2f}x "
-              f"{agree:>6.0%}", flush=True)
+        ours_s = timed_interleaved(
+            {dots: lambda s=sampler: ours(s) for dots, sampler in samplers.items()}, runs)
+        hf_tps = batch * new_tokens / timed(baseline, runs)
+        reference = baseline()
+        for dots, sampler in samplers.items():
+            agree = np.mean([a == b for x, y in zip(ours(sampler), reference, strict=True)
+                             for a, b in zip(x, y, strict=True)])
+            ours_tps = batch * new_tokens / ours_s[dots]
+            print(f"  {batch:>5} {dots:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
+                  f"{ours_tps / hf_tps:>5.2f}x {agree:>6.0%}", flush=True)
 
 
 def main() -> None:
@@ -254,6 +267,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32,128")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--decode-dots", default="auto",
+                        help="decode section: comma-separated DecodeDots values (CPU only)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a dry run on CPU)")
     args = parser.parse_args()
     sections = args.sections.split(",")
@@ -277,7 +292,8 @@ def main() -> None:
             elif name == "train":
                 check_train(args.quick, args.runs)
             else:
-                check_decode(args.quick, batches, args.new_tokens, args.runs)
+                check_decode(args.quick, batches, args.new_tokens, args.runs,
+                             args.decode_dots.split(","))
         except Exception:  # one section's failure must not hide the others' results
             traceback.print_exc()
             failed.append(name)
