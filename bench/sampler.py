@@ -37,15 +37,22 @@ QUESTIONS = [
 
 
 def cpu_model() -> str:
-    """The 'model name' line of /proc/cpuinfo (which machine a figure comes from)."""
+    """The 'model name' line of /proc/cpuinfo and its widest vector extensions (which machine a
+    figure comes from: a VM's model name is often just "Intel(R) Xeon(R) Processor")."""
+    name, flags = "unknown CPU", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if line.startswith("model name") and name == "unknown CPU":
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return "unknown CPU"
+    extensions = [label for label, flag in (("AVX2", "avx2"), ("AVX-512", "avx512f"),
+                                            ("AVX-512 BF16", "avx512_bf16"), ("AMX", "amx_tile"))
+                  if flag in flags]
+    return f"{name} ({', '.join(extensions)})" if extensions else name
 
 
 def gguf_path() -> Path:
