@@ -1,7 +1,7 @@
 """The CUDA path on a real GPU, checked and timed in one run (the GPU kernels cannot run on CPU).
 
     python bench/gpu.py [--sections attention,moe,train,decode] [--batches 1,32,128]
-                        [--new-tokens 128] [--runs 3] [--decode-dots auto] [--quick]
+                        [--new-tokens 128] [--runs 3] [--decode-dots ynnpack] [--quick]
 
 attention: cuDNN flash attention (what `model.attention=auto` picks on GPU in bf16) against
   our XLA attention on causal GQA with left padding, in bfloat16: the largest error of each
@@ -13,7 +13,7 @@ train: the real PPO train step on SmolLM2-135M's shapes (bf16 compute) with each
 decode: greedy decode against `transformers` `generate` on the same device with the same
   random SmolLM2-135M weights (written by `save_hf`), EOS ignored: tokens/s per batch and the
   share of generated tokens that agree. bf16 on GPU, float32 on CPU. On CPU, --decode-dots
-  (e.g. auto,ynnpack,emitter) times ours once per way of compiling the decode's dots
+  (e.g. ynnpack,emitter) times ours once per way of compiling the decode's dots
   (`spade_jax.sampling.DecodeDots`), their runs interleaved as in bench/sampler.py.
 
 Weights are random because the embedded GGUF does not travel to the GPU machine; the shapes
@@ -32,6 +32,7 @@ import traceback
 
 from sampler import (  # bench/sampler.py: this script's folder is on sys.path
     cpu_model,
+    decode_dots_list,
     timed,
     timed_interleaved,
 )
@@ -267,7 +268,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32,128")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--decode-dots", default="auto",
+    parser.add_argument("--decode-dots", default="ynnpack", type=decode_dots_list,
                         help="decode section: comma-separated DecodeDots values (CPU only)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a dry run on CPU)")
     args = parser.parse_args()
@@ -292,8 +293,7 @@ def main() -> None:
             elif name == "train":
                 check_train(args.quick, args.runs)
             else:
-                check_decode(args.quick, batches, args.new_tokens, args.runs,
-                             args.decode_dots.split(","))
+                check_decode(args.quick, batches, args.new_tokens, args.runs, args.decode_dots)
         except Exception:  # one section's failure must not hide the others' results
             traceback.print_exc()
             failed.append(name)

@@ -1,13 +1,13 @@
 """Greedy decode throughput: spade_jax sampler vs HF transformers `generate` (same run).
 
     python bench/sampler.py [--batches 1,8,32] [--new-tokens 128] [--runs 3]
-                            [--decode-dots auto,ynnpack,emitter]
+                            [--decode-dots ynnpack,emitter]
 
 SmolLM2-135M-Instruct in float32 on 2 threads, ~60-token chat prompts, EOS ignored so every row
 makes exactly --new-tokens tokens. tokens/s = batch x new tokens / wall time of one generate
 call (prefill included), median over --runs after one warm-up (which compiles ours).
 --decode-dots times ours once per way of compiling the CPU decode's dots
-(`spade_jax.sampling.DecodeDots`; default: auto, what this host runs), their runs interleaved,
+(`spade_jax.sampling.DecodeDots`; default: ynnpack, what a run uses), their runs interleaved,
 each against the same `transformers` baseline, so the dot paths' A/B on a machine is one
 command.
 
@@ -125,6 +125,18 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
     return batch * steps / seconds
 
 
+def decode_dots_list(value: str) -> list[str]:
+    """argparse type of --decode-dots: comma-separated `DecodeDots` values, checked."""
+    from spade_jax.sampling import DecodeDots
+
+    names = value.split(",")
+    unknown = [name for name in names if name not in set(DecodeDots)]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {', '.join(unknown)}; choose from {', '.join(DecodeDots)}")
+    return names
+
+
 def decode_bench_args(doc: str, parser: argparse.ArgumentParser | None = None
                       ) -> argparse.Namespace:
     """The decode benchmarks' flags: --batches (comma-separated), --new-tokens, --runs, and
@@ -140,8 +152,8 @@ def decode_bench_args(doc: str, parser: argparse.ArgumentParser | None = None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--decode-dots", default="auto",
-                        help="comma-separated DecodeDots values: auto, ynnpack, emitter")
+    parser.add_argument("--decode-dots", default="ynnpack", type=decode_dots_list,
+                        help="comma-separated DecodeDots values: ynnpack, emitter")
     args = decode_bench_args(__doc__, parser)
     batches = args.batches
 
@@ -160,8 +172,7 @@ def main() -> None:
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     n = args.new_tokens
-    samplers = {DecodeDots(d): Sampler(policy.model, decode_dots=d)
-                for d in args.decode_dots.split(",")}
+    samplers = {DecodeDots(d): Sampler(policy.model, decode_dots=d) for d in args.decode_dots}
 
     first_sampler = next(iter(samplers.values()))  # no second copy of the weights to compile
     ours_text = generate(policy.model, policy.tokenizer, chats[:1], max_new_tokens=48,

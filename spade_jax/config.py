@@ -120,9 +120,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampling.validator_top_k = 20
     c.sampling.validator_max_new_tokens = 16384
     c.sampling.max_context = 32768
-    # On CPU only: the decode programs' dots through XLA's own emitter or YNNPACK's fusions;
-    # auto picks by the host's cores (the emitter below 8), see spade_jax/sampling/sampler.py.
-    c.sampling.cpu_decode_dots = DecodeDots.AUTO.value
+    # On CPU only: the decode programs' dots through YNNPACK's fusions (XLA's default) or
+    # XLA's own dot emitter, see spade_jax/sampling/sampler.py.
+    c.sampling.cpu_decode_dots = DecodeDots.YNNPACK.value
 
     c.train = ml_collections.ConfigDict()
     c.train.learning_rate = 1e-6
@@ -340,7 +340,7 @@ class SamplingConfig:
     validator_top_k: int = 20
     validator_max_new_tokens: int = 16384
     max_context: int = 32768
-    cpu_decode_dots: DecodeDots | None = DecodeDots.AUTO
+    cpu_decode_dots: DecodeDots | None = DecodeDots.YNNPACK
 
     def decoding(self, role: str) -> Decoding:
         """The sampler settings of `role` ('designer', 'agent', 'hint' or 'validator')."""

@@ -45,7 +45,6 @@ programs once (about two per window size it reaches).
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Sequence
 from functools import partial
 
@@ -71,41 +70,27 @@ from spade_jax.sharding import (
 )
 
 PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device (its rows x width)
-# XLA:CPU sends dots to YNNPACK library fusions by default. A decode step's attention products
-# are many tiny matrices (batch dims [rows, KV heads]), where XLA's own dot emitter was faster
-# on a 2-core AMD EPYC but slower on a 16-core Intel Xeon, whose threads YNNPACK's fusions
-# use (README, performance).
-CPU_PLAIN_DOT_PROGRAMS = frozenset({"decode", "decode_rows"})
-PLAIN_DOTS_BELOW_CORES = 8  # between the two hosts measured; the crossover is not measured
+# XLA:CPU sends dots to YNNPACK library fusions by default; XLA's own dot emitter is the other
+# way to compile the decode programs' dots (`DecodeDots`).
+CPU_DECODE_PROGRAMS = frozenset({"decode", "decode_rows"})
 XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU options: no YNNPACK
 
 
-def host_cores() -> int:
-    """The CPU cores this process may run on (XLA:CPU sizes its thread pool by them)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 class DecodeDots(enum.StrEnum):
-    """`sampling.cpu_decode_dots`: how XLA:CPU compiles the decode programs' dots. AUTO: XLA's
-    own dot emitter on hosts with fewer than `PLAIN_DOTS_BELOW_CORES` cores, else YNNPACK's
-    library fusions; YNNPACK or EMITTER on any host (time both with `bench/sampler.py
-    --decode-dots`). Other programs and other platforms keep XLA's defaults."""
+    """`sampling.cpu_decode_dots`: how XLA:CPU compiles the decode programs' dots. YNNPACK:
+    XLA's default library fusions, as fast as XLA's own dot emitter or faster in every
+    `bench/sampler.py --decode-dots` A/B so far (README, performance); EMITTER: the emitter,
+    for a run that measures it faster on its host. Other programs and platforms keep XLA's
+    defaults."""
 
-    AUTO = "auto"
     YNNPACK = "ynnpack"
     EMITTER = "emitter"
 
-    def compiler_options(self, platform: str, program: str, cores: int) -> dict | None:
-        """XLA options for compiling sampler `program` on `platform` with `cores` host cores."""
-        if platform != "cpu" or program not in CPU_PLAIN_DOT_PROGRAMS:
-            return None
-        if self is DecodeDots.AUTO:
-            emitter = cores < PLAIN_DOTS_BELOW_CORES
-        else:
-            emitter = self is DecodeDots.EMITTER
-        return XLA_DOT_EMITTER if emitter else None
+    def compiler_options(self, platform: str, program: str) -> dict | None:
+        """XLA options for compiling sampler `program` on `platform`."""
+        if self is DecodeDots.EMITTER and platform == "cpu" and program in CPU_DECODE_PROGRAMS:
+            return XLA_DOT_EMITTER
+        return None
 
 
 class Sampler:
@@ -128,7 +113,7 @@ class Sampler:
                  max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None,
                  compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE,
                  kv_layout: KVLayout | str | None = None,
-                 decode_dots: DecodeDots | str = DecodeDots.AUTO):
+                 decode_dots: DecodeDots | str = DecodeDots.YNNPACK):
         if int(prefill_tokens) < MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {MIN_BUCKET} tokens per device")
@@ -285,8 +270,7 @@ class Sampler:
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
-        options = self.decode_dots.compiler_options(self.mesh.devices.flat[0].platform, name,
-                                                    host_cores())
+        options = self.decode_dots.compiler_options(self.mesh.devices.flat[0].platform, name)
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
                                     out_shardings=out_sh, donate_argnums=(2,),
                                     compiler_options=options)
