@@ -199,7 +199,7 @@ def check_train(quick: bool, runs: int) -> None:
 
 
 def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int,
-                 decode_dots: list[str]) -> None:
+                 decode_dots: list) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -258,7 +258,7 @@ def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int,
             agree = np.mean([a == b for x, y in zip(ours(sampler), reference, strict=True)
                              for a, b in zip(x, y, strict=True)])
             ours_tps = batch * new_tokens / ours_s[dots]
-            print(f"  {batch:>5} {dots:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
+            print(f"  {batch:>5} {dots.value:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
                   f"{ours_tps / hf_tps:>5.2f}x {agree:>6.0%}", flush=True)
 
 

@@ -125,8 +125,8 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
     return batch * steps / seconds
 
 
-def decode_dots_list(value: str) -> list[str]:
-    """argparse type of --decode-dots: comma-separated `DecodeDots` values, checked."""
+def decode_dots_list(value: str) -> list:
+    """argparse type of --decode-dots: comma-separated `DecodeDots` values, as members."""
     from spade_jax.sampling import DecodeDots
 
     names = value.split(",")
@@ -134,7 +134,7 @@ def decode_dots_list(value: str) -> list[str]:
     if unknown:
         raise argparse.ArgumentTypeError(
             f"unknown {', '.join(unknown)}; choose from {', '.join(DecodeDots)}")
-    return names
+    return [DecodeDots(name) for name in names]
 
 
 def decode_bench_args(doc: str, parser: argparse.ArgumentParser | None = None
@@ -161,7 +161,7 @@ def main() -> None:
     import transformers
 
     import spade_jax
-    from spade_jax.sampling import DecodeDots, Sampler, generate
+    from spade_jax.sampling import Sampler, generate
 
     torch.set_num_threads(2)
     path = gguf_path()
@@ -172,7 +172,7 @@ def main() -> None:
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     n = args.new_tokens
-    samplers = {DecodeDots(d): Sampler(policy.model, decode_dots=d) for d in args.decode_dots}
+    samplers = {dots: Sampler(policy.model, decode_dots=dots) for dots in args.decode_dots}
 
     first_sampler = next(iter(samplers.values()))  # no second copy of the weights to compile
     ours_text = generate(policy.model, policy.tokenizer, chats[:1], max_new_tokens=48,
