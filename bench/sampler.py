@@ -117,7 +117,7 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
                 x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
                 gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
                 x = x + (jax.nn.silu(gate) * up) @ p["w_down"]
-            return jnp.argmax(x @ fused["unembedding"], axis=-1).astype(jnp.int32)
+            return jnp.argmax(fused["unembedding"].logits(x), axis=-1).astype(jnp.int32)
         return jax.lax.fori_loop(0, steps, step, tokens)
 
     tokens = jnp.zeros((batch,), jnp.int32)

@@ -8,6 +8,7 @@ pending-token convention and the staging range are described in `spade_jax/sampl
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import NamedTuple
 
@@ -43,23 +44,38 @@ def bucket_at_most(n: int) -> int:
     return b * 3 // 4 if b & (b - 1) == 0 else b * 2 // 3
 
 
-def fused_decode_weights(model: Transformer) -> dict:
-    """The sampler's CPU copy of the weights: fused per-layer matrices and a [D, vocab] output.
+@partial(jax.tree_util.register_dataclass, data_fields=["weight"], meta_fields=["vocab_major"])
+@dataclasses.dataclass(frozen=True)
+class Unembedding:
+    """The decode's output projection: `weight` [vocab, D] (`vocab_major`) or [D, vocab]; the
+    orientation is static, so programs compile for the layout the copy holds."""
 
-    `layers`: `Transformer.layer_params(fuse=True)`. `unembedding`: the output projection as a
-    [D, vocab] matrix even when it is the tied [vocab, D] embedding, the layout XLA-CPU's
-    batch-1 logits matmul reads fastest.
+    weight: jax.Array
+    vocab_major: bool
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        return vocab_logits(hidden, self.weight, self.vocab_major)
+
+
+def fused_decode_weights(model: Transformer, vocab_major: bool) -> dict:
+    """The sampler's CPU copy of the weights: fused per-layer matrices and the output projection.
+
+    `layers`: `Transformer.layer_params(fuse=True)`. `unembedding`: an `Unembedding` in the
+    orientation `vocab_major` asks for (`DecodeDots.vocab_major_unembedding`: the one the decode's
+    dot path reads fastest), transposed from the model's only where the two differ.
     """
-    weight, vocab_major = model.output_projection()
+    weight, stored_vocab_major = model.output_projection()
+    if stored_vocab_major != vocab_major:
+        weight = weight.T
     return {"layers": model.layer_params(fuse=True),
-            "unembedding": weight.T if vocab_major else weight}
+            "unembedding": Unembedding(weight, vocab_major)}
 
 
 def decode_weights(model: Transformer, fused: dict | None):
     """(per-layer weights, logits function): from the fused copy, or the model's own layout."""
     if fused is None:
         return model.layer_params(), model.logits
-    return fused["layers"], partial(vocab_logits, weight=fused["unembedding"], vocab_major=False)
+    return fused["layers"], fused["unembedding"].logits
 
 
 def valid_slots(lengths: jax.Array, window: int) -> jax.Array:

@@ -86,6 +86,12 @@ class DecodeDots(enum.StrEnum):
     YNNPACK = "ynnpack"
     EMITTER = "emitter"
 
+    @property
+    def vocab_major_unembedding(self) -> bool:
+        """Whether the fused CPU weights hold the output projection as [vocab, D] (YNNPACK's
+        faster batched logits) rather than [D, vocab] (the emitter's)."""
+        return self is DecodeDots.YNNPACK
+
     def compiler_options(self, platform: str, program: str) -> dict | None:
         """XLA options for compiling sampler `program` on `platform`."""
         if self is DecodeDots.EMITTER and platform == "cpu" and program in CPU_DECODE_PROGRAMS:
@@ -101,8 +107,9 @@ class Sampler:
     weights in this dtype, and its KV cache has this dtype too (float32 master weights, bf16
     sampling).
     `fuse_weights` (default: on for CPU) keeps `fused_decode_weights`, a copy of the weights
-    with q/k/v and gate/up concatenated and the output projection as [D, vocab] — faster decode
-    on CPU at the cost of a second copy of the weights.
+    with q/k/v and gate/up concatenated and the output projection in the orientation
+    `decode_dots` reads fastest — faster decode on CPU at the cost of a second copy of the
+    weights.
     `prefill_tokens`: the tokens one extend call may compute per device (see `extend_width`).
     `kv_layout` (None: the one the mesh's platform runs without copies,
     `KVLayout.for_platform`): how the KV cache stores each layer.
@@ -130,7 +137,8 @@ class Sampler:
         self.graphdef, state = nnx.split(model)
         self._state_shardings = param_shardings(state, self.mesh)
         self._prepare = jax.jit(
-            lambda s: programs.fused_decode_weights(nnx.merge(self.graphdef, s)),
+            lambda s: programs.fused_decode_weights(nnx.merge(self.graphdef, s),
+                                                    self.decode_dots.vocab_major_unembedding),
             in_shardings=(self._state_shardings,),
         )
         self._cast = jax.jit(lambda s: jax.tree.map(lambda a: a.astype(self._dtype_for(a)), s),

@@ -1,5 +1,6 @@
 """Sampler invariants on a tiny random model (CPU, 8 fake devices)."""
 
+import dataclasses
 import re
 
 import flax.nnx as nnx
@@ -416,6 +417,27 @@ def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_
     for k, v in session.cache:
         assert k.shape == v.shape == (8, session.window, CFG.n_kv_heads, CFG.head_dim)
         assert k.addressable_shards[0].data.size * n_devices == k.size, k.sharding
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dots", ["ynnpack", "emitter"])
+def test_each_decode_dot_path_reads_its_own_unembedding_layout_to_the_same_tokens(tied, dots):
+    """YNNPACK's fused copy holds the output projection as [vocab, D], the emitter's as
+    [D, vocab], from a tied embedding or an lm_head alike; both sample the same tokens with the
+    same log-probs as the unfused weights."""
+    model = Transformer(dataclasses.replace(CFG, tie_embeddings=tied), rngs=nnx.Rngs(1))
+    fused = Sampler(model, decode_dots=dots)
+    unembedding = fused.fused_weights["unembedding"]
+    weight, stored_vocab_major = model.output_projection()
+    assert unembedding.vocab_major is (dots == "ynnpack")
+    np.testing.assert_array_equal(
+        unembedding.weight, weight if stored_vocab_major == unembedding.vocab_major else weight.T)
+    prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
+    turns = fused.start(prompts, capacity=64).decode(10, temperature=1.0, seed=4)
+    ref = Sampler(model, fuse_weights=False).start(prompts, capacity=64).decode(
+        10, temperature=1.0, seed=4)
+    assert [t.tokens for t in turns] == [t.tokens for t in ref]
+    np.testing.assert_allclose([t.logprobs for t in turns], [t.logprobs for t in ref], atol=1e-5)
 
 
 @pytest.mark.parametrize("dots, platform, program, plain", [
