@@ -250,9 +250,9 @@ def check_decode(quick: bool, batches: list[int], new_tokens: int, runs: int,
                 torch.cuda.synchronize()
             return out[:, width:].tolist()
 
-        ours_s = timed_interleaved(
-            {dots: lambda s=sampler: ours(s) for dots, sampler in samplers.items()}, runs)
-        hf_tps = batch * new_tokens / timed(baseline, runs)
+        ours_s = timed_interleaved({"transformers": baseline} | {
+            dots: lambda s=sampler: ours(s) for dots, sampler in samplers.items()}, runs)
+        hf_tps = batch * new_tokens / ours_s.pop("transformers")
         reference = baseline()
         for dots, sampler in samplers.items():
             agree = np.mean([a == b for x, y in zip(ours(sampler), reference, strict=True)

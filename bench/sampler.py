@@ -5,11 +5,11 @@
 
 SmolLM2-135M-Instruct in float32 on 2 threads, ~60-token chat prompts, EOS ignored so every row
 makes exactly --new-tokens tokens. tokens/s = batch x new tokens / wall time of one generate
-call (prefill included), median over --runs after one warm-up (which compiles ours).
---decode-dots times ours once per way of compiling the CPU decode's dots
-(`spade_jax.sampling.DecodeDots`; default: ynnpack, what a run uses), their runs interleaved,
-each against the same `transformers` baseline, so the dot paths' A/B on a machine is one
-command.
+call (prefill included), median over --runs after one warm-up (which compiles ours), the runs
+of `transformers` and ours interleaved, so a drift in the machine's speed (a shared VM's
+neighbours) moves both. --decode-dots times ours once per way of compiling the CPU decode's
+dots (`spade_jax.sampling.DecodeDots`; default: ynnpack, what a run uses), each against the same
+`transformers` baseline, so the dot paths' A/B on a machine is one command.
 
 Also printed, as context rather than a baseline: the "matmul bound", the tokens/s of the decoder's
 projection and unembedding matmuls alone with the same weights and batch (no attention, cache,
@@ -193,13 +193,14 @@ def main() -> None:
                 hf.generate(**enc, do_sample=False, min_new_tokens=n, max_new_tokens=n,
                             pad_token_id=hf_tok.pad_token_id or hf_tok.eos_token_id)
 
-        hf_tps = batch * n / timed(baseline, args.runs)
         bound_tps = matmul_bound(policy, batch, n, args.runs)
-        ours_s = timed_interleaved({dots: lambda prompts=prompts, sampler=sampler: generate(
-            policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True,
-            sampler=sampler) for dots, sampler in samplers.items()}, args.runs)
-        for dots, seconds in ours_s.items():
-            ours_tps = batch * n / seconds
+        seconds = timed_interleaved({"transformers": baseline} | {
+            dots: lambda prompts=prompts, sampler=sampler: generate(
+                policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True,
+                sampler=sampler) for dots, sampler in samplers.items()}, args.runs)
+        hf_tps = batch * n / seconds.pop("transformers")
+        for dots, ours_seconds in seconds.items():
+            ours_tps = batch * n / ours_seconds
             print(f"{batch:>5} {dots.value:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
                   f"{ours_tps / hf_tps:>5.2f}x {bound_tps:>19.1f} {ours_tps / bound_tps:>9.0%}",
                   flush=True)
