@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from spade_jax.sampling.sampler import Sampler
 
 _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64 slots is cheap
-_SEGMENT_MIN_STEPS = 64  # a decode segment gets room for at least this many steps when needed
+# A decode segment gets room for at least this many steps when needed: small enough that a
+# short chat's window tracks its length (attention reads the whole window every step),
+# large enough that a segment amortises its host round trip.
+_SEGMENT_MIN_STEPS = 32
 # The fewest rows a decode computes once finished rows are dropped from it (each row count is
 # a program to compile; below this a step costs about the same)
 MIN_DECODE_ROWS = 4
