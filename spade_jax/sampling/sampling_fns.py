@@ -37,15 +37,18 @@ _BISECTION_STEPS = 30
 _NEG_INF = -jnp.inf
 
 
-def first_argmax(values: jax.Array) -> jax.Array:
+def first_argmax(values: jax.Array, row_max: jax.Array | None = None) -> jax.Array:
     """Index of the first maximum along the last axis (int32), like `jnp.argmax`.
 
     As a max, a compare and a min rather than XLA's variadic (value, index) reduction, which is
-    several times slower on CPU over a large vocabulary, on every decode step. A row without a
+    several times slower on CPU over a large vocabulary, on every decode step. `row_max`: the
+    max along the last axis (keepdims) where the caller already has it. A row without a
     maximum (NaN logits) gives the last index.
     """
     size = values.shape[-1]
-    is_max = values == jnp.max(values, axis=-1, keepdims=True)
+    if row_max is None:
+        row_max = jnp.max(values, axis=-1, keepdims=True)
+    is_max = values == row_max
     first = jnp.min(jnp.where(is_max, jnp.arange(size, dtype=jnp.int32), size), axis=-1)
     return jnp.minimum(first, size - 1)
 
@@ -142,8 +145,14 @@ def select_tokens(
     top_k = jnp.minimum(jnp.asarray(top_k, jnp.int32), max_top_k)
     top_p = jnp.asarray(top_p, jnp.float32)
 
+    # One max pass serves the greedy pick and the policy log-normaliser (as jax.nn.logsumexp
+    # computes it); the greedy branch of the cond below would otherwise take its own.
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    log_norm = shift[:, 0] + jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1))
+
     def greedy():
-        return first_argmax(logits), jnp.zeros(logits.shape[:1], jnp.float32)
+        return first_argmax(logits, row_max), jnp.zeros(logits.shape[:1], jnp.float32)
 
     def sample():
         scaled = logits / jnp.maximum(temperature, 1e-6)
@@ -163,9 +172,7 @@ def select_tokens(
 
     tokens, sampling_logp = jax.lax.cond(temperature > 0, sample, greedy)
     tokens = tokens.astype(jnp.int32)
-    policy_logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
-        logits, axis=-1
-    )
+    policy_logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - log_norm
     return tokens, policy_logp, sampling_logp
 
 

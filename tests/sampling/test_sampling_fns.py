@@ -117,3 +117,20 @@ def test_temperature_zero_is_greedy():
     tokens, _, sampling_logp = _select(logits, _keys(5), temperature=0.0, top_k=20, top_p=0.9)
     np.testing.assert_array_equal(np.asarray(tokens), np.argmax(np.asarray(logits), axis=-1))
     assert np.all(np.asarray(sampling_logp) == 0)
+
+
+def test_greedy_policy_logp_is_the_log_softmax_of_the_pick_with_masked_entries():
+    """The greedy pick and the policy log-normaliser share one max pass; masked (-inf) logits
+    and a huge logit leave both exact, as jax.nn.log_softmax computes them."""
+    logits = np.random.default_rng(2).normal(size=(4, 50)).astype(np.float32)
+    logits[1, ::2] = -np.inf  # a masked half of the vocabulary
+    logits[2, 17] = 1e30  # a logit far past exp's range
+    logits[3, 4] = logits[3, 9] = 7.0  # a tie: the first wins
+    tokens, policy_logp, _ = _select(jnp.asarray(logits), _keys(4), temperature=0.0, top_k=0,
+                                     top_p=1.0)
+    np.testing.assert_array_equal(np.asarray(tokens), [np.argmax(logits[0]),
+                                                      np.argmax(logits[1]), 17, 4])
+    expected = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))[
+        np.arange(4), np.asarray(tokens)]
+    np.testing.assert_allclose(np.asarray(policy_logp), expected, atol=1e-6)
+    assert np.all(np.isfinite(np.asarray(policy_logp)))
