@@ -16,6 +16,9 @@ All knobs are traced scalars, so changing them never recompiles:
   vocabulary index, so which path ran (it depends on the whole batch) never changes a row's
   token, and the candidate path computes noise for its candidates only, not for the whole
   vocabulary on every decode step.
+- plain sampling (no top-k, no top-p), where no path choice depends on the batch, inverts each
+  row's cumulative distribution at one uniform draw per row (`_sample_inverse_cdf`) instead of
+  hashing noise for every vocabulary entry, the costliest step of the Gumbel path.
 
 Two log-probabilities come back for each chosen token:
 - `policy_logp`: log-softmax of the raw logits (temperature 1, no truncation), the quantity the
@@ -110,13 +113,10 @@ def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys, top_k, top
 
 
 def _sample_full_vocab(scaled, keys, top_p):
-    """Sample from the whole vocabulary, restricted to the nucleus found by bisection."""
+    """Sample from the whole vocabulary, restricted to the nucleus (top_p < 1) found by
+    bisection."""
     log_probs = jax.nn.log_softmax(scaled, axis=-1)
-    threshold = jax.lax.cond(
-        top_p < 1.0,
-        lambda: _nucleus_threshold_bisect(log_probs, top_p),
-        lambda: jnp.full(log_probs.shape[:1], _NEG_INF),
-    )
+    threshold = _nucleus_threshold_bisect(log_probs, top_p)
     vals = jnp.where(log_probs >= threshold[:, None], log_probs, _NEG_INF)
     vocab = jnp.broadcast_to(jnp.arange(vals.shape[-1], dtype=jnp.int32), vals.shape)
     chosen = first_argmax(vals + gumbel_noise(keys, vocab))
@@ -124,6 +124,42 @@ def _sample_full_vocab(scaled, keys, top_p):
         vals, axis=-1
     )
     return chosen, logp
+
+
+_CDF_BLOCK = 256  # vocabulary entries per block of the two-level cumulative sums
+
+
+def _sample_inverse_cdf(scaled: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Sample each row of softmax(`scaled`) [B, V] by inverting its cumulative distribution at
+    one uniform draw per row; returns (tokens, their log-probabilities).
+
+    Two levels, so no scan runs over the whole vocabulary: cumulative sums over blocks of
+    `_CDF_BLOCK` entries pick the block, then over that block's entries. A token of probability
+    0 is never picked: within the chosen block it is the first entry whose running sum passes
+    the draw, or, where rounding leaves the draw past the block's sum, its last entry with
+    mass.
+    """
+    batch, vocab = scaled.shape
+    log_norm = jax.nn.logsumexp(scaled, axis=-1)
+    probs = jnp.exp(scaled - log_norm[:, None])
+    n_blocks = -(-vocab // _CDF_BLOCK)
+    blocks = jnp.pad(probs, ((0, 0), (0, n_blocks * _CDF_BLOCK - vocab))).reshape(
+        batch, n_blocks, _CDF_BLOCK)
+    block_mass = jnp.sum(blocks, axis=-1)
+    block_end = jnp.cumsum(block_mass, axis=-1)
+    # 23 random bits: a draw in [0, 1) that stays below the total after the product rounds
+    uniform = jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys)
+    draw = uniform * block_end[:, -1]
+    last_block_with_mass = n_blocks - 1 - jnp.argmax((block_mass > 0)[:, ::-1], axis=-1)
+    block = jnp.minimum(jnp.sum(block_end <= draw[:, None], axis=-1), last_block_with_mass)
+    entries = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, block]
+    before = jnp.take_along_axis(block_end - block_mass, block[:, None], axis=1)[:, 0]
+    passed = jnp.cumsum(entries, axis=-1) <= (draw - before)[:, None]
+    last_with_mass = _CDF_BLOCK - 1 - jnp.argmax((entries > 0)[:, ::-1], axis=-1)
+    within = jnp.minimum(jnp.sum(passed, axis=-1), last_with_mass)
+    tokens = (block * _CDF_BLOCK + within).astype(jnp.int32)
+    logp = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - log_norm
+    return tokens, logp
 
 
 def select_tokens(
@@ -154,12 +190,11 @@ def select_tokens(
     def greedy():
         return first_argmax(logits, row_max), jnp.zeros(logits.shape[:1], jnp.float32)
 
-    def sample():
-        scaled = logits / jnp.maximum(temperature, 1e-6)
+    def truncated(scaled):
         cand_vals, cand_idx = jax.lax.top_k(scaled, max_top_k)
         full_log_norm = jax.nn.logsumexp(scaled, axis=-1)
         cand_mass = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1)
-        use_candidates = (top_k > 0) | ((top_p < 1.0) & jnp.all(cand_mass >= top_p))
+        use_candidates = (top_k > 0) | jnp.all(cand_mass >= top_p)
         # Gumbel-max with per-(row, token) noise: both paths pick the same token from the
         # same kept set, so a row's sample never depends on the other rows.
         return jax.lax.cond(
@@ -169,6 +204,11 @@ def select_tokens(
             ),
             lambda: _sample_full_vocab(scaled, keys, top_p),
         )
+
+    def sample():
+        scaled = logits / jnp.maximum(temperature, 1e-6)
+        return jax.lax.cond((top_k > 0) | (top_p < 1.0), truncated,
+                            lambda scaled: _sample_inverse_cdf(scaled, keys), scaled)
 
     tokens, sampling_logp = jax.lax.cond(temperature > 0, sample, greedy)
     tokens = tokens.astype(jnp.int32)

@@ -134,3 +134,31 @@ def test_greedy_policy_logp_is_the_log_softmax_of_the_pick_with_masked_entries()
         np.arange(4), np.asarray(tokens)]
     np.testing.assert_allclose(np.asarray(policy_logp), expected, atol=1e-6)
     assert np.all(np.isfinite(np.asarray(policy_logp)))
+
+
+def test_plain_sampling_inverts_each_rows_cdf_across_blocks_and_skips_masked_tokens():
+    """No top-k and no top-p: one uniform draw per row, inverted through cumulative sums over
+    blocks of the vocabulary and then within one. Over 700 tokens (three blocks, the second all
+    masked) the frequencies match the softmax, masked tokens are never picked, and a row's token
+    depends only on its own key and logits."""
+    rng = np.random.default_rng(4)
+    logits = np.full(700, -np.inf, np.float32)
+    live = np.array([0, 3, 255, 512, 650, 699])  # both ends of blocks; 256-511 all masked
+    logits[live] = rng.normal(scale=1.0, size=live.size)
+    n = 20000
+    knobs = dict(temperature=1.0, top_k=0, top_p=1.0)
+    tokens, _, sampling_logp = _select(jnp.broadcast_to(jnp.asarray(logits), (n, 700)), _keys(n),
+                                       **knobs)
+    tokens = np.asarray(tokens)
+    expected = np.zeros(700)
+    expected[live] = np.exp(logits[live] - logits[live].max())
+    expected /= expected.sum()
+    counts = np.bincount(tokens, minlength=700) / n
+    assert set(np.flatnonzero(counts)) <= set(live.tolist())
+    sigma = np.sqrt(expected * (1 - expected) / n)
+    assert np.all(np.abs(counts - expected) <= 5 * sigma + 1e-3), (counts[live], expected[live])
+    np.testing.assert_allclose(np.asarray(sampling_logp), np.log(expected[tokens]), atol=1e-5)
+    other = rng.normal(size=(5, 700)).astype(np.float32)
+    mixed, _, _ = _select(jnp.asarray(np.concatenate([np.stack([logits] * 50), other])),
+                          jnp.concatenate([_keys(50), _keys(5, seed=7)]), **knobs)
+    np.testing.assert_array_equal(np.asarray(mixed)[:50], tokens[:50])
