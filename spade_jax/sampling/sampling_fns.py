@@ -12,13 +12,14 @@ All knobs are traced scalars, so changing them never recompiles:
   every row it is taken from them (exact); otherwise a bisection on a probability threshold over
   the full vocabulary finds the smallest kept set (exact up to ties and 30 halvings of the
   threshold in log space) — O(vocab) per halving, never a sort.
-- sampling is Gumbel-max. A token's noise is a hash (Threefry) of its row's key and its
-  vocabulary index, so which path ran (it depends on the whole batch) never changes a row's
-  token, and the candidate path computes noise for its candidates only, not for the whole
-  vocabulary on every decode step.
-- plain sampling (no top-k, no top-p), where no path choice depends on the batch, inverts each
-  row's cumulative distribution at one uniform draw per row (`_sample_inverse_cdf`) instead of
-  hashing noise for every vocabulary entry, the costliest step of the Gumbel path.
+- among candidates, sampling is Gumbel-max: a token's noise is a hash (Threefry) of its row's
+  key and its vocabulary index, computed for the candidates only. Over the whole vocabulary
+  (plain sampling, and the rows of the bisection path whose nucleus outgrows their
+  candidates) each row's cumulative distribution is inverted at one uniform draw
+  (`_sample_inverse_cdf`) instead of hashing noise for every vocabulary entry. Which path the
+  batch takes never changes a row's token: on the bisection path a row whose nucleus fits its
+  candidates still samples them with their noise, and whether it fits depends on that row
+  alone.
 
 Two log-probabilities come back for each chosen token:
 - `policy_logp`: log-softmax of the raw logits (temperature 1, no truncation), the quantity the
@@ -112,18 +113,22 @@ def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys, top_k, top
     return chosen, logp
 
 
-def _sample_full_vocab(scaled, keys, top_p):
-    """Sample from the whole vocabulary, restricted to the nucleus (top_p < 1) found by
-    bisection."""
-    log_probs = jax.nn.log_softmax(scaled, axis=-1)
+def _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, keys, top_p):
+    """Top-p alone, in a batch where some row's candidates miss top_p of the mass.
+
+    A row whose nucleus lies inside its candidates samples exactly as the candidate path would
+    (the same noise), so its token does not depend on the other rows. The others find their
+    nucleus by bisection over the whole vocabulary and invert its cumulative distribution at
+    one uniform draw (`_sample_inverse_cdf`), with no noise for every vocabulary entry.
+    """
+    inside = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1) >= top_p
+    cand_token, cand_logp = _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys,
+                                                    jnp.int32(0), top_p)
+    log_probs = scaled - full_log_norm[:, None]
     threshold = _nucleus_threshold_bisect(log_probs, top_p)
-    vals = jnp.where(log_probs >= threshold[:, None], log_probs, _NEG_INF)
-    vocab = jnp.broadcast_to(jnp.arange(vals.shape[-1], dtype=jnp.int32), vals.shape)
-    chosen = first_argmax(vals + gumbel_noise(keys, vocab))
-    logp = jnp.take_along_axis(vals, chosen[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(
-        vals, axis=-1
-    )
-    return chosen, logp
+    nucleus = jnp.where(log_probs >= threshold[:, None], scaled, _NEG_INF)
+    token, logp = _sample_inverse_cdf(nucleus, keys)
+    return jnp.where(inside, cand_token, token), jnp.where(inside, cand_logp, logp)
 
 
 _CDF_BLOCK = 256  # vocabulary entries per block of the two-level cumulative sums
@@ -195,14 +200,14 @@ def select_tokens(
         full_log_norm = jax.nn.logsumexp(scaled, axis=-1)
         cand_mass = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1)
         use_candidates = (top_k > 0) | jnp.all(cand_mass >= top_p)
-        # Gumbel-max with per-(row, token) noise: both paths pick the same token from the
-        # same kept set, so a row's sample never depends on the other rows.
+        # A row whose nucleus fits its candidates gets the same token on both paths, so a
+        # row's sample never depends on the other rows.
         return jax.lax.cond(
             use_candidates,
             lambda: _sample_from_candidates(
                 cand_vals, cand_idx, full_log_norm, keys, top_k, top_p
             ),
-            lambda: _sample_full_vocab(scaled, keys, top_p),
+            lambda: _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, keys, top_p),
         )
 
     def sample():
