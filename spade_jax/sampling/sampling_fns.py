@@ -113,15 +113,14 @@ def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys, top_k, top
     return chosen, logp
 
 
-def _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, keys, top_p):
+def _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, inside, keys, top_p):
     """Top-p alone, in a batch where some row's candidates miss top_p of the mass.
 
-    A row whose nucleus lies inside its candidates samples exactly as the candidate path would
+    A row whose nucleus lies `inside` its candidates samples exactly as the candidate path would
     (the same noise), so its token does not depend on the other rows. The others find their
     nucleus by bisection over the whole vocabulary and invert its cumulative distribution at
     one uniform draw (`_sample_inverse_cdf`), with no noise for every vocabulary entry.
     """
-    inside = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1) >= top_p
     cand_token, cand_logp = _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys,
                                                     jnp.int32(0), top_p)
     log_probs = scaled - full_log_norm[:, None]
@@ -198,8 +197,8 @@ def select_tokens(
     def truncated(scaled):
         cand_vals, cand_idx = jax.lax.top_k(scaled, max_top_k)
         full_log_norm = jax.nn.logsumexp(scaled, axis=-1)
-        cand_mass = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1)
-        use_candidates = (top_k > 0) | jnp.all(cand_mass >= top_p)
+        inside = jnp.sum(jnp.exp(cand_vals - full_log_norm[:, None]), axis=-1) >= top_p
+        use_candidates = (top_k > 0) | jnp.all(inside)
         # A row whose nucleus fits its candidates gets the same token on both paths, so a
         # row's sample never depends on the other rows.
         return jax.lax.cond(
@@ -207,7 +206,8 @@ def select_tokens(
             lambda: _sample_from_candidates(
                 cand_vals, cand_idx, full_log_norm, keys, top_k, top_p
             ),
-            lambda: _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, keys, top_p),
+            lambda: _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, inside, keys,
+                                       top_p),
         )
 
     def sample():
