@@ -78,8 +78,8 @@ def gumbel_noise(keys: jax.Array, indices: jax.Array) -> jax.Array:
     """Gumbel(0, 1) noise [B, n] at vocabulary `indices` [B, n] for rows with PRNG `keys` [B].
 
     Each value is a function of its row's key and its index only (one Threefry-2x32 block per
-    value), so noise drawn for a row's top candidates equals the noise at those tokens when the
-    whole vocabulary is drawn.
+    value), so a token's noise does not depend on its rank among the candidates, nor on how
+    many candidates are drawn (`max_top_k`).
     """
     words = jax.vmap(lambda key: jax.random.bits(key, (2,), jnp.uint32))(keys)  # [B, 2]
     counters = indices.astype(jnp.uint32)
