@@ -97,7 +97,8 @@ def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: i
     envs, turns_done = work.new_envs(), {}
     served = Engine(sampler, slots=slots, capacity=capacity).run(
         [Request(p, new_tokens) for p in work.prompts],
-        on_turn=lambda i, t: work.next_observation(envs, turns_done, i, t.tokens, t.stopped),
+        on_turns=lambda ended: {i: obs for i, t in ended.items() if (obs := work.next_observation(
+            envs, turns_done, i, t.tokens, t.stopped)) is not None},
         stop_token_ids=[work.chat.eos_id])
     return [[t.tokens for t in c.turns] for c in served]
 

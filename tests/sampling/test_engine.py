@@ -41,19 +41,22 @@ def test_greedy_equals_one_at_a_time_and_slots_are_reused(sampler):
 def test_multi_turn_sampling_does_not_depend_on_the_slot_count(sampler):
     requests = mixed_requests()
 
-    def on_turn(i, turn):  # two observations per conversation, of request-dependent lengths
-        done = sum(1 for c in calls if c == i)
-        calls.append(i)
-        return [5 + i] * (1 + i % 3) if done < 2 else None
+    def on_turns(ended):  # two observations per conversation, of request-dependent lengths
+        observations = {}
+        for i in ended:
+            if calls.count(i) < 2:
+                observations[i] = [5 + i] * (1 + i % 3)
+            calls.append(i)
+        return observations
 
     runs = []
-    for slots in (2, 5):
+    for slots, pause_share in ((2, 1.0), (5, 0.2), (7, 0.5)):
         calls = []
-        runs.append(Engine(sampler, slots=slots, capacity=64).run(
-            requests, on_turn=on_turn, temperature=1.0, seed=4))
-    for a, b in zip(*runs, strict=True):
+        runs.append(Engine(sampler, slots=slots, capacity=64, pause_share=pause_share).run(
+            requests, on_turns=on_turns, temperature=1.0, seed=4))
+    for a, b, c in zip(*runs, strict=True):
         assert len(a.turns) == 3
-        assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
+        assert a.tokens == b.tokens == c.tokens and a.loss_mask == b.loss_mask == c.loss_mask
 
 
 def test_a_conversation_over_capacity_ends_alone(sampler):
@@ -62,3 +65,46 @@ def test_a_conversation_over_capacity_ends_alone(sampler):
     assert served[0].context_full and served[0].turns[0].tokens == []
     assert [len(c.turns[0].tokens) for c in served[1:]] == [5, 5]
     assert not served[1].context_full
+
+
+def test_a_long_answer_holds_only_its_own_slot(sampler):
+    # no stop token: each turn runs to its budget, so the schedule is known
+    requests = [Request([3, 4, 5], 40), Request([6, 7], 3), Request([8], 3)]
+    ended, counts = [], {}
+
+    def on_turns(turns):  # the short conversations go on for three turns
+        ended.append(sorted(turns))
+        for i in turns:
+            counts[i] = counts.get(i, 0) + 1
+        return {i: [9] for i in turns if i and counts[i] < 3}
+
+    served = Engine(sampler, slots=3, capacity=64, pause_share=0.3).run(
+        requests, on_turns=on_turns)
+    # the short conversations play their three turns while the long answer's first decodes
+    assert ended[:3] == [[1, 2], [1, 2], [1, 2]] and ended[-1] == [0], ended
+    assert [len(c.turns) for c in served] == [1, 3, 3]
+
+
+def test_an_observation_without_room_for_a_whole_next_turn_ends_the_conversation(sampler):
+    requests = [Request([1, 2, 3], 4), Request([4, 5, 6], 4)]
+    # after 7 tokens (6 cached: the last one is pending), 16 slots take 6 + 4 more, not 7 + 4
+    given = {0: [7] * 7, 1: [7] * 6}
+    served = Engine(sampler, slots=2, capacity=16).run(
+        requests, on_turns=lambda turns: {i: given.pop(i) for i in turns if i in given})
+    assert served[0].context_full and len(served[0].turns) == 1
+    assert not served[1].context_full and len(served[1].turns) == 2
+    assert len(served[1].tokens) == 17 and served[1].turns[1].finish_reason == "length"
+
+
+def test_a_refused_prompt_is_not_passed_to_the_callback(sampler):
+    seen = []
+    served = Engine(sampler, slots=2, capacity=8).run(
+        [Request(list(range(1, 12)), 3), Request([2], 3)],
+        on_turns=lambda turns: seen.extend(turns) or {})
+    assert seen == [1] and served[0].context_full and not served[1].context_full
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_the_pause_share_is_checked(sampler, share):
+    with pytest.raises(ValueError, match="pause_share"):
+        Engine(sampler, slots=2, capacity=8, pause_share=share)
