@@ -86,7 +86,8 @@ def episode_seed(run_seed: int, cycle: int, env_id: str, play: int) -> int:
 
 
 def play_seed(run_seed: int, cycle: int) -> int:
-    """Sampling seed of the Agent's plays in `cycle` (the rollout derives one per turn)."""
+    """Sampling seed of the Agent's plays in `cycle`, for every turn (token keys add the
+    episode and its position, `play_episodes`)."""
     return derive_seed(run_seed, "play", cycle)
 
 

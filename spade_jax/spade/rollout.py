@@ -9,16 +9,17 @@ the tokens the policy generated and their sampling log-probabilities — a train
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from spade_jax.envs.tool_use import TOOL_RESULTS
-from spade_jax.seeding import derive_seed
+from spade_jax.sampling.engine import Conversation, Engine, Request
+from spade_jax.sampling.session import TurnOutput
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import rewards
 
@@ -194,20 +195,23 @@ def play_episodes(
 ) -> list[Episode]:
     """Play every spec to the end (or `max_turns`) and return one Episode per spec.
 
-    `sampler` is a `spade_jax.sampling.Sampler`; all episodes share one session (one KV cache
-    in which each episode has `capacity` slots of its own). An observation longer than about
-    `max_observation_tokens` is cut; a row whose next observation no longer fits in its cache
-    ends with status 'context_full'. Every
-    turn samples with `decoding` (its `max_new_tokens` per turn). Turn t
-    samples with `derive_seed(seed, "turn", t)`, so `seed` may be any seed in [0, 2**31).
-    `system_prompt=None` starts the conversation with the observation alone (benchmarks whose
-    reference sends no system message); an episode start's own `system_prompt` replaces it.
+    `sampler` is a `spade_jax.sampling.Sampler`; the episodes are served by one `Engine` with
+    a slot (`capacity` cache slots of its own) per episode. Turns are not synchronised: once
+    some turns end, those episodes' environments step (concurrently), their observations are
+    appended and their next turns start while the other episodes keep decoding, so a long
+    answer holds only its own episode. An observation longer than about
+    `max_observation_tokens` is cut; an episode whose next observation and answer no longer
+    fit in its cache ends with status 'context_full'. Every turn samples with `decoding` (its
+    `max_new_tokens` per turn); each token's key derives from (seed, the episode's index
+    among those whose environment started, position), so `seed` may be any seed in
+    [0, 2**31). `system_prompt=None` starts the conversation with the observation alone
+    (benchmarks whose reference sends no system message); an episode start's own
+    `system_prompt` replaces it.
     """
-    phase = timer.phase if timer is not None else (lambda _name: contextlib.nullcontext())
-    max_new_tokens = decoding.max_new_tokens
+    started = time.perf_counter()
     n = len(specs)
-    with phase("env"):
-        starts = envs.reset_many(specs)
+    starts = envs.reset_many(specs)
+    env_seconds = time.perf_counter() - started
     prompts = []
     for start in starts:
         observation = start.observation if start.ok else ""
@@ -218,61 +222,63 @@ def play_episodes(
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         prompts.append(chat.prompt(messages, tools=start.tools)[-capacity // 2:])
-    with phase("sampling"):
-        session = sampler.start(prompts, capacity=capacity)
     episode_rewards: list[list[float]] = [[] for _ in range(n)]
     terminated = [False] * n
     status = [EpisodeStatus.OK if s.ok else EpisodeStatus.CRASHED for s in starts]
-    done = [not s.ok for s in starts]
     turns = [0] * n
-    generated = [0] * n
-    for turn in range(max_turns):
-        rows = [i for i in range(n) if not done[i]]
-        if not rows:
-            break
-        with phase("sampling"):
-            outputs = session.decode(max_new_tokens, **decoding.decode_kwargs(),
-                                     stop_token_ids=[chat.eos_id],
-                                     seed=derive_seed(seed, "turn", turn),
-                                     active=[not d for d in done])
-        for i in rows:
-            generated[i] += len(outputs[i].tokens)
+    continued = [False] * n  # whether the last turn's observation asked for another turn
+    playing = [i for i in range(n) if starts[i].ok]
+
+    def on_turns(ended: dict[int, TurnOutput]) -> dict[int, list[int]]:
+        """Step the environments of the turns that ended; the next observations."""
+        nonlocal env_seconds
+        stepped = time.perf_counter()
+        indices = [playing[j] for j in ended]
+        for i in indices:
             turns[i] += 1
-        actions = [(starts[i].handle,
-                    chat.tokenizer.decode(outputs[i].tokens, skip_special_tokens=True))
-                   for i in rows]
-        with phase("env"):
-            results = envs.step_many(actions)
-        observations: list[list[int] | None] = [None] * n
-        for i, result in zip(rows, results, strict=True):
+        results = envs.step_many([
+            (starts[i].handle, chat.tokenizer.decode(out.tokens, skip_special_tokens=True))
+            for i, out in zip(indices, ended.values(), strict=True)])
+        observations = {}
+        for j, i, result in zip(ended, indices, results, strict=True):
+            continued[i] = False
             if not result.ok:
-                status[i], done[i] = EpisodeStatus(result.status), True
+                status[i] = EpisodeStatus(result.status)
                 continue
             episode_rewards[i].append(float(result.reward))
             if result.terminated or result.truncated:
                 terminated[i] = bool(result.terminated)
-                done[i] = True
-            elif turn + 1 == max_turns:
-                done[i] = True
-            else:
+            elif turns[i] < max_turns:
                 text = result.observation[:4 * max_observation_tokens]
                 tool = isinstance(result.info, dict) and bool(result.info.get(TOOL_RESULTS))
-                observations[i] = chat.observation_turn(text, outputs[i].stopped, tool=tool)
-        free_slots = session.free_slots
-        for i, ids in enumerate(observations):
-            if ids is not None and len(ids) + max_new_tokens > free_slots[i]:
-                observations[i], status[i], done[i] = None, EpisodeStatus.CONTEXT_FULL, True
-        if any(ids is not None for ids in observations):
-            with phase("sampling"):
-                session.append(observations)
-    with phase("env"):
-        envs.close_many([s.handle for s in starts])
-    return [
-        Episode(spec=specs[i], tokens=np.asarray(session.sequences[i], np.int32),
-                loss_mask=np.asarray(session.loss_masks[i], bool),
-                behaviour_logp=np.asarray(session.logprobs[i], np.float32),
-                rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
-                turns=turns[i], generated_tokens=generated[i], hint=starts[i].hint,
-                hint_status=starts[i].hint_status)
-        for i in range(n)
-    ]
+                observations[j] = chat.observation_turn(text, ended[j].stopped, tool=tool)
+                continued[i] = True
+        env_seconds += time.perf_counter() - stepped
+        return observations
+
+    engine = Engine(sampler, slots=max(len(playing), 1), capacity=capacity)
+    served = engine.run([Request(prompts[i], decoding.max_new_tokens) for i in playing],
+                        on_turns=on_turns,
+                        **decoding.decode_kwargs(), stop_token_ids=[chat.eos_id], seed=seed)
+    stepped = time.perf_counter()
+    envs.close_many([s.handle for s in starts])
+    env_seconds += time.perf_counter() - stepped
+    if timer is not None:
+        timer.add("env", env_seconds)
+        timer.add("sampling", time.perf_counter() - started - env_seconds)
+    conversations = dict(zip(playing, served, strict=True))
+    episodes = []
+    for i in range(n):
+        # an episode whose environment did not start keeps its prompt alone
+        played = conversations.get(i) or Conversation(
+            prompts[i], [0] * len(prompts[i]), [0.0] * len(prompts[i]), [], [], -1, False)
+        if played.context_full and continued[i]:
+            status[i] = EpisodeStatus.CONTEXT_FULL
+        episodes.append(Episode(
+            spec=specs[i], tokens=np.asarray(played.tokens, np.int32),
+            loss_mask=np.asarray(played.loss_mask, bool),
+            behaviour_logp=np.asarray(played.logprobs, np.float32),
+            rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
+            turns=turns[i], generated_tokens=sum(len(t.tokens) for t in played.turns),
+            hint=starts[i].hint, hint_status=starts[i].hint_status))
+    return episodes

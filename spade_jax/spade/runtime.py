@@ -24,6 +24,7 @@ from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import TrainStep, compute_copy, init_train_state, make_optimizer
+from spade_jax.sampling.engine import Engine, Request
 from spade_jax.sampling.generate import Completion
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sharding import make_mesh
@@ -110,13 +111,15 @@ class Runtime:
 
     # ------------------------------------------------------------------ generation and play
     def generate(self, messages_list, decoding: Decoding, *, seed: int) -> list[Completion]:
-        """One answer per chat prompt, sampled on one KV cache with a role's `decoding`."""
+        """One answer per chat prompt, sampled with a role's `decoding` by an `Engine` with a
+        slot per prompt (as the Agent's plays are)."""
         prompt_ids = [self.chat.prompt(m) for m in messages_list]
         capacity = max(len(p) for p in prompt_ids) + decoding.max_new_tokens + 1
         with self.timer.phase("sampling"):
-            session = self.sampler.start(prompt_ids, capacity=capacity)
-            outputs = session.decode(decoding.max_new_tokens, **decoding.decode_kwargs(),
-                                     stop_token_ids=[self.chat.eos_id], seed=seed)
+            served = Engine(self.sampler, slots=len(prompt_ids), capacity=capacity).run(
+                [Request(p, decoding.max_new_tokens) for p in prompt_ids],
+                **decoding.decode_kwargs(), stop_token_ids=[self.chat.eos_id], seed=seed)
+        outputs = [conversation.turns[0] for conversation in served]
         self._generated_tokens += sum(len(o.tokens) for o in outputs)
         return [Completion(self.tokenizer.decode(o.tokens, skip_special_tokens=True),
                            o.tokens, o.logprobs, o.finish_reason) for o in outputs]

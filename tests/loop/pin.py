@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from tests import conftest  # noqa: F401  (8 CPU devices before JAX loads, as under pytest)
 
 GOLDEN = Path(__file__).with_name("pin_golden.json")
@@ -48,19 +50,33 @@ def pin_config():
 
 
 class ScriptedSession:
-    """A sampler session (the `Session` interface `Runtime` and `play_episodes` use) whose
-    answers come from `answer(prompt_text, row, seed)` instead of the model."""
+    """A sampler session (the `Session` interface `Runtime`, `Engine` and `play_episodes` use)
+    whose answers come from `answer(prompt_text, row, seed)` instead of the model. `row` is
+    the row's key id (the engine's request index); a row's later turns pass `seed` plus the
+    number of turns it already had, so a scripted Agent may answer each turn anew. A turn
+    completes in one `decode_segment`."""
 
     def __init__(self, tokenizer, answer, prompts, capacity: int):
         self.tokenizer, self.answer, self.capacity = tokenizer, answer, capacity
-        self.prompt_texts = [tokenizer.decode(p) for p in prompts]
-        self.sequences = [list(map(int, p)) for p in prompts]
-        self.loss_masks = [[0] * len(p) for p in prompts]
-        self.logprobs = [[0.0] * len(p) for p in prompts]
+        self.num_rows = len(prompts)
+        self.key_ids = np.arange(self.num_rows, dtype=np.int32)
+        self.prompt_texts = [""] * self.num_rows
+        self.sequences, self.loss_masks, self.logprobs, self.sampling_logprobs, \
+            self.turns_done = ([None] * self.num_rows for _ in range(5))
+        self.restart(dict(enumerate(prompts)))
+
+    def restart(self, prompts) -> None:
+        for r, p in prompts.items():
+            self.prompt_texts[r] = self.tokenizer.decode(p)
+            self.sequences[r] = list(map(int, p))
+            self.loss_masks[r] = [0] * len(p)
+            self.logprobs[r] = [0.0] * len(p)
+            self.sampling_logprobs[r] = [0.0] * len(p)
+            self.turns_done[r] = 0
 
     @property
-    def free_slots(self) -> list[int]:
-        return [self.capacity - len(s) for s in self.sequences]
+    def free_slots(self) -> np.ndarray:
+        return np.array([self.capacity - len(s) for s in self.sequences])
 
     def append(self, observations) -> None:
         for r, obs in enumerate(observations):
@@ -68,26 +84,51 @@ class ScriptedSession:
             self.sequences[r] += obs
             self.loss_masks[r] += [0] * len(obs)
             self.logprobs[r] += [0.0] * len(obs)
+            self.sampling_logprobs[r] += [0.0] * len(obs)
 
-    def decode(self, max_new_tokens, *, stop_token_ids=(), seed=0, active=None, **_):
+    def decode(self, max_new_tokens, *, active=None, **settings):
+        limits = np.broadcast_to(np.asarray(max_new_tokens), (self.num_rows,)).copy()
+        if active is not None:
+            limits[~np.asarray(active, bool)] = 0
+        turn = self.begin_turn(limits, **settings)
+        self.decode_segment(turn)
+        return turn.outputs
+
+    def begin_turn(self, limits, *, stop_token_ids=(), seed=0, **_):
+        from spade_jax.sampling.session import Turn
+
+        turn = Turn([None] * self.num_rows, np.zeros((self.num_rows,), np.int32),
+                    np.zeros((self.num_rows,), bool), (list(stop_token_ids), seed))
+        self.start_rows(turn, {r: int(n) for r, n in enumerate(limits) if n > 0})
+        return turn
+
+    def start_rows(self, turn, limits) -> None:
         from spade_jax.sampling.session import FinishReason, TurnOutput
 
-        outputs = []
-        for r, prompt in enumerate(self.prompt_texts):
-            if active is not None and not active[r]:
-                outputs.append(None)
-                continue
-            text = self.answer(prompt, r, seed)
+        for r, limit in limits.items():
+            turn.outputs[r] = TurnOutput([], [], [], FinishReason.LENGTH)
+            turn.remaining[r], turn.running[r] = limit, True
+
+    def decode_segment(self, turn, exit_after_finished=None) -> None:
+        from spade_jax.sampling.session import FinishReason
+
+        stop_token_ids, seed = turn.settings
+        for r in np.flatnonzero(turn.running):
+            text = self.answer(self.prompt_texts[r], int(self.key_ids[r]),
+                               seed + self.turns_done[r])
             tokens = self.tokenizer.encode(text, add_special_tokens=False)
-            tokens = (tokens + list(stop_token_ids[:1]))[:max_new_tokens]
+            tokens = (tokens + list(stop_token_ids[:1]))[:turn.remaining[r]]
             stopped = bool(stop_token_ids) and tokens[-1:] == list(stop_token_ids[:1])
             logps = [-1.0] * len(tokens)
-            reason = FinishReason.STOP if stopped else FinishReason.LENGTH
-            outputs.append(TurnOutput(tokens, logps, logps, reason))
+            out = turn.outputs[r]
+            out.tokens, out.logprobs, out.sampling_logprobs = tokens, logps, logps
+            out.finish_reason = FinishReason.STOP if stopped else FinishReason.LENGTH
             self.sequences[r] += tokens
             self.loss_masks[r] += [1] * len(tokens)
             self.logprobs[r] += logps
-        return outputs
+            self.sampling_logprobs[r] += logps
+            self.turns_done[r] += 1
+            turn.running[r] = False
 
 
 class ScriptedSampler:

@@ -1,5 +1,5 @@
 """Every sampling knob of every role (Designer, hint, Agent, self-validation) reaches
-`Session.decode`."""
+`Session.begin_turn` (where `Session.decode` and the `Engine` start their turns)."""
 
 from spade_jax.config import load_config_file
 from spade_jax.spade.driver import run_training
@@ -33,13 +33,13 @@ class RecordingSampler(pin.ScriptedSampler):
         role = ("designer" if pin.DESIGNER_MARKER in first
                 else "hint" if GAME_HINT_SYSTEM_PROMPT.strip()[:60] in first
                 else "validator" if VALIDATOR_MARKER in first else "agent")
-        decode = session.decode
+        begin_turn = session.begin_turn
 
-        def recording_decode(max_new_tokens, **kwargs):
-            self.calls.append((role, max_new_tokens, {k: kwargs[k] for k in KNOBS}))
-            return decode(max_new_tokens, **kwargs)
+        def recording_begin_turn(limits, **kwargs):
+            self.calls.append((role, max(limits), {k: kwargs[k] for k in KNOBS}))
+            return begin_turn(limits, **kwargs)
 
-        session.decode = recording_decode
+        session.begin_turn = recording_begin_turn
         return session
 
 

@@ -1,7 +1,7 @@
 """Every seed derived from the run seed lies in [0, 2**31), is reproducible and per-purpose.
 
 Run seeds 0, 3 and 2**31 - 1 go through each derivation of a cycle: episode seeds, the Agent's
-play seed and its per-turn sampling seeds, and the cycle generator that draws the Designer's
+play seed, and the cycle generator that draws the Designer's
 and hints' sampling seeds, the corpus documents and the memory's replays.
 """
 
@@ -20,13 +20,10 @@ RUN_SEEDS = (0, 3, SEED_LIMIT - 1)
 
 
 def cycle_seeds(run_seed: int) -> dict:
-    """Every seed of cycles 0..2 of a run with two environments, 2 plays each, 3 turns."""
+    """Every seed of cycles 0..2 of a run with two environments, 2 plays each."""
     seeds = {}
     for cycle in range(3):
-        play = play_seed(run_seed, cycle)
-        seeds[("play", cycle)] = play
-        for turn in range(3):
-            seeds[("turn", cycle, turn)] = derive_seed(play, "turn", turn)
+        seeds[("play", cycle)] = play_seed(run_seed, cycle)
         for env_id in ("seed:grid_maze", "c00000_s0_a0"):
             for i in range(2):
                 seeds[("episode", cycle, env_id, i)] = episode_seed(run_seed, cycle, env_id, i)
