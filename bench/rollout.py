@@ -1,6 +1,6 @@
 """A mixed-length rollout on CPU: continuous batching vs the static session vs HF `generate`.
 
-    python bench/rollout.py [--conversations 64] [--slots 16] [--max-turns 3] [--new-tokens 256]
+    python bench/rollout.py [--conversations 64] [--slots 0] [--max-turns 3] [--new-tokens 256]
                             [--repeats 1] [--skip-engine] [--skip-transformers]
 
 SmolLM2-135M-Instruct (float32, 2 threads), greedy, natural EOS, at most --new-tokens per turn.
@@ -8,9 +8,11 @@ Half the conversations are single-turn answers to chat questions, half are multi
 the (non-tool-use) seed games, each environment run in this process and stepped on the host
 between turns, with the Agent's system prompt and chat format of the SPADE rollout. The same
 workload runs three ways, each timed end to end (prefill, decode, appends, env steps):
-- engine: `spade_jax.sampling.Engine`, --slots rows, a freed slot refilled at once;
-- static: one `Session` for all conversations, turn by turn (what `play_episodes` does): each
-  turn decodes every playing row until the last one stops;
+- engine: `spade_jax.sampling.Engine` with a slot per conversation, as `play_episodes` runs
+  it (a conversation's next turn starts as soon as its environment answered, while the others
+  keep decoding), or with --slots rows, a freed slot refilled at once;
+- static: one `Session` for all conversations, turn by turn (what `play_episodes` did until
+  2026-12-05): each turn decodes every playing row until the last one stops;
 - transformers: `generate` on the same token ids, turn by turn, each turn re-prefilling the
   conversation so far (left-padded batch), stopping at EOS.
 Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds, including
@@ -160,7 +162,8 @@ def run_transformers(hf, work: Workload, new_tokens: int, eos: int, pad: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=64)
-    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--slots", type=int, default=0,
+                        help="engine rows (0: one per conversation, as play_episodes)")
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-transformers", action="store_true")
@@ -168,6 +171,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of our two ways (transformers compiles nothing: it runs once)")
     args = parser.parse_args()
+    slots = args.slots or args.conversations
 
     import jax
 
@@ -184,13 +188,13 @@ def main() -> None:
     sampler = Sampler(policy.model)
     # compile the programs the runs reach outside the timings (a short run of both paths)
     warm = Workload(4, 2, chat, policy.tokenizer)
-    run_engine(sampler, warm, min(args.slots, 4), 16, capacity)
+    run_engine(sampler, warm, min(slots, 4), 16, capacity)
     run_static(sampler, warm, 16, capacity)
 
     results, seconds = {}, {}
     runs = {"static": lambda: run_static(sampler, work, args.new_tokens, capacity)}
     if not args.skip_engine:
-        runs["engine"] = lambda: run_engine(sampler, work, args.slots, args.new_tokens, capacity)
+        runs["engine"] = lambda: run_engine(sampler, work, slots, args.new_tokens, capacity)
     if not args.skip_transformers:
         import torch
         import transformers
