@@ -21,6 +21,10 @@ warm-up cannot meet every shape the schedule produces). With --repeats 2 each wa
 workload again: what a run of many rollouts sees once its programs are compiled. Outputs are
 compared token for token: greedy decoding is deterministic, but a float near-tie between two
 implementations may pick the other token, after which a play's conversation diverges.
+Our two ways also print their decode steps (iterations of the decode loop, each a forward of
+every row the program computes): on a device where a step costs about the same for any row
+count, as a memory-bound accelerator decode does, their decode times are about in the
+steps' ratio.
 """
 
 from __future__ import annotations
@@ -97,12 +101,13 @@ def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: i
     from spade_jax.sampling import Engine, Request
 
     envs, turns_done = work.new_envs(), {}
-    served = Engine(sampler, slots=slots, capacity=capacity).run(
+    engine = Engine(sampler, slots=slots, capacity=capacity)
+    served = engine.run(
         [Request(p, new_tokens) for p in work.prompts],
         on_turns=lambda ended: {i: obs for i, t in ended.items() if (obs := work.next_observation(
             envs, turns_done, i, t.tokens, t.stopped)) is not None},
         stop_token_ids=[work.chat.eos_id])
-    return [[t.tokens for t in c.turns] for c in served]
+    return [[t.tokens for t in c.turns] for c in served], engine.decode_steps
 
 
 def run_static(sampler, work: Workload, new_tokens: int, capacity: int):
@@ -123,7 +128,7 @@ def run_static(sampler, work: Workload, new_tokens: int, capacity: int):
             active[i] = observations[i] is not None
         if any(active):
             session.append(observations)
-    return answers
+    return answers, session.decode_steps
 
 
 def run_transformers(hf, work: Workload, new_tokens: int, eos: int, pad: int):
@@ -156,7 +161,7 @@ def run_transformers(hf, work: Workload, new_tokens: int, eos: int, pad: int):
                 sequences[i] += observation
                 still.append(i)
         active = still
-    return answers
+    return answers, None
 
 
 def main() -> None:
@@ -216,13 +221,14 @@ def main() -> None:
                 continue
             compiling.clear()
             start = time.perf_counter()
-            results[name] = run()
+            results[name], steps = run()
             seconds[name] = time.perf_counter() - start
             tokens = sum(len(t) for turns in results[name] for t in turns)
             print(f"run {repeat + 1} {name:>12}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
                   f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} "
                   f"XLA compilations took {sum(compiling):.1f} s (load average "
-                  f"{os.getloadavg()[0]:.2f})", flush=True)
+                  f"{os.getloadavg()[0]:.2f})" + (f"; {steps} decode steps" if steps else ""),
+                  flush=True)
         for name in results:
             same = sum(a == b for a, b in zip(results[name], results["static"], strict=True))
             ratios = ", ".join(f"{ours} is {seconds[name] / seconds[ours]:.2f}x as fast"

@@ -62,6 +62,7 @@ class Engine:
             raise ValueError(f"pause_share={pause_share!r}: a share of the slots in (0, 1]")
         self.sampler, self.slots, self.capacity = sampler, int(slots), int(capacity)
         self.pause_share = float(pause_share)
+        self.decode_steps = 0  # decode-loop iterations of the last run (`Session.decode_steps`)
 
     def run(self, requests: Sequence[Request], *, on_turns: TurnsCallback | None = None,
             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -127,4 +128,5 @@ class Engine:
             pause_after = max(1, round(self.pause_share * int(turn.running.sum())))
             session.decode_segment(turn, exit_after_finished=(
                 pause_after if queue or on_turns is not None else None))
+        self.decode_steps = session.decode_steps
         return results

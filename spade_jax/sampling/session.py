@@ -103,6 +103,9 @@ class Session:
         self.logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
         self.sampling_logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
         self.cache = None
+        # decode-loop iterations so far: where a step costs about the same for any row count
+        # (a memory-bound accelerator), the decode's time is proportional to them
+        self.decode_steps = 0
         self.restart({r: p for r, p in enumerate(prompts)})
 
     def restart(self, prompts: dict[int, Sequence[int]]) -> None:
@@ -352,13 +355,14 @@ class Session:
             np.asarray(values, np.int32), np.zeros((self.batch + 1 - len(values),), np.int32)
         )[rows])
         limits = np.where(running, turn.remaining, 0)
-        self.cache, buffers, n_gen, stopped, _ = program(
+        self.cache, buffers, n_gen, stopped, steps = program(
             self.sampler.state, self.sampler.fused_weights, self.cache, *head,
             per_row(self.lengths), per_row([seq[-1] for seq in self.sequences]),
             per_row([len(seq) - 1 for seq in self.sequences]), per_row(limits),
             np.int32(self.window - longest), np.int32(exit_after), *turn.settings,
             per_row(self.key_ids))
         n_gen, stopped = to_host(n_gen), to_host(stopped)
+        self.decode_steps += int(to_host(steps))
         buffers = tuple(to_host(b) for b in buffers)
         for i, r in enumerate(rows):
             if r >= self.num_rows or not running[r]:

@@ -61,6 +61,7 @@ class ScriptedSession:
         self.num_rows = len(prompts)
         self.key_ids = np.arange(self.num_rows, dtype=np.int32)
         self.prompt_texts = [""] * self.num_rows
+        self.decode_steps = 0  # a scripted turn runs no decode loop
         self.sequences, self.loss_masks, self.logprobs, self.sampling_logprobs, \
             self.turns_done = ([None] * self.num_rows for _ in range(5))
         self.restart(dict(enumerate(prompts)))

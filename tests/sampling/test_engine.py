@@ -78,11 +78,12 @@ def test_a_long_answer_holds_only_its_own_slot(sampler):
             counts[i] = counts.get(i, 0) + 1
         return {i: [9] for i in turns if i and counts[i] < 3}
 
-    served = Engine(sampler, slots=3, capacity=64, pause_share=0.3).run(
-        requests, on_turns=on_turns)
+    engine = Engine(sampler, slots=3, capacity=64, pause_share=0.3)
+    served = engine.run(requests, on_turns=on_turns)
     # the short conversations play their three turns while the long answer's first decodes
     assert ended[:3] == [[1, 2], [1, 2], [1, 2]] and ended[-1] == [0], ended
     assert [len(c.turns) for c in served] == [1, 3, 3]
+    assert engine.decode_steps == 40  # the long answer's steps; the short turns ran alongside
 
 
 def test_an_observation_without_room_for_a_whole_next_turn_ends_the_conversation(sampler):
