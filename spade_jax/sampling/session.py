@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from spade_jax.sampling.sampler import Sampler
 
 _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64 slots is cheap
-# A decode segment gets room for at least this many steps when needed: small enough that a
-# short chat's window tracks its length (attention reads the whole window every step),
+# A decode segment's window holds at least this many more steps when needed: small enough
+# that the window tracks the longest row (attention reads the whole window every step),
 # large enough that a segment amortises its host round trip.
 _SEGMENT_MIN_STEPS = 32
 # The fewest rows a decode computes once finished rows are dropped from it (each row count is
@@ -327,9 +327,11 @@ class Session:
             return
         longest = int(self.lengths[: self.num_rows][running].max())
         want = int(turn.remaining[running].max())
-        # Grow the window geometrically, only as far as this segment needs.
-        self._ensure_window(max(int(self.lengths.max()), longest + min(
-            want, max(_SEGMENT_MIN_STEPS, longest // 2))))
+        # Grow the window to the bucket that holds the next few steps; the segment runs until
+        # that window is full, so segments lengthen with the (geometric) buckets while the
+        # window, which attention reads whole every step, stays near the longest row.
+        self._ensure_window(max(int(self.lengths.max()),
+                                longest + min(want, _SEGMENT_MIN_STEPS)))
         n_running = int(running.sum())
         program_rows = self._program_rows(n_running)
         exit_after = self.batch + 1 if exit_after_finished is None else exit_after_finished
