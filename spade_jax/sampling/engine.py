@@ -59,7 +59,8 @@ class Engine:
         if slots < 1:
             raise ValueError(f"slots={slots!r}: the engine needs at least one slot")
         if not 0.0 < pause_share <= 1.0:
-            raise ValueError(f"pause_share={pause_share!r}: a share of the slots in (0, 1]")
+            raise ValueError(f"pause_share={pause_share!r}: the share of running turns that "
+                             "ends a decode segment, in (0, 1]")
         self.sampler, self.slots, self.capacity = sampler, int(slots), int(capacity)
         self.pause_share = float(pause_share)
         self.decode_steps = 0  # decode-loop iterations of the last run (`Session.decode_steps`)
