@@ -1,5 +1,8 @@
 """EnvPool and load_env: the runtime contract, concurrency, failures as values, gymnasium."""
 
+import math
+import time
+
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -101,6 +104,35 @@ def test_many_concurrent_episodes_in_completion_order(pool):
     assert [r.handle for r in ordered] == [h for h, _ in pairs]
     for s in starts:
         pool.close(s.handle)
+
+
+def test_steps_in_the_background_come_back_as_they_finish(pool):
+    fast, slow, fast2 = pool.start_many([(case("slow_counter"), seed) for seed in (0, 1, 2)])
+    submitted = time.monotonic()
+    pool.submit_steps([(h.handle, "one") for h in (fast, slow, fast2)])
+    with pytest.raises(ValueError, match="already have a step submitted"):
+        pool.submit_steps([(slow.handle, "two")])
+    with pytest.raises(ValueError, match="has a step in the background"):
+        pool.step(slow.handle, "two")
+    arrived = {}
+    while pool.steps_outstanding:  # the caller is free between collections
+        for result in pool.collect_steps(wait_s=math.inf):
+            arrived[result.handle] = (result, time.monotonic() - submitted)
+    assert list(arrived)[-1] == slow.handle and all(r.ok for r, _ in arrived.values())
+    assert arrived[slow.handle][1] >= 1.0 > max(arrived[h.handle][1] for h in (fast, fast2))
+    # the grace waits for steps submitted less than fresh_s ago, not for older ones
+    pool.submit_steps([(slow.handle, "two")])
+    time.sleep(0.1)
+    pool.submit_steps([(fast.handle, "two")])
+    got = pool.collect_steps(fresh_s=0.5)
+    assert [r.handle for r in got] == [fast.handle] and pool.steps_outstanding == 1
+    assert [r.observation for r in pool.collect_steps(fresh_s=math.inf)] == [
+        "turn 2 done; say the next number."]
+    # closing an episode forgets its submitted step
+    pool.submit_steps([(fast2.handle, "two")])
+    for h in (fast, slow, fast2):
+        pool.close(h.handle)
+    assert pool.steps_outstanding == 0 and pool.collect_steps(wait_s=math.inf) == []
 
 
 def test_load_env_passes_gymnasium_check_env(pool):

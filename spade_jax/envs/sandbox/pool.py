@@ -1,4 +1,4 @@
-"""EnvPool: many sandboxed environments stepped concurrently from one host thread.
+"""EnvPool: many sandboxed environments stepped concurrently.
 
 Usage (the SPADE loop's view):
 
@@ -6,6 +6,7 @@ Usage (the SPADE loop's view):
     first = pool.start(code, seed=7)                 # StepResult: observation, info, handle
     results = pool.step_many([(first.handle, "\\boxed{3}"), ...])   # in input order
     for r in pool.iter_step_many(pairs): ...         # or in completion order (exhaust it)
+    pool.submit_steps(pairs); pool.collect_steps()   # or in the background, collected later
     pool.call(handle, "solution")                    # CallResult for solution()/hint()
     pool.close(handle); pool.shutdown()              # or `with EnvPool(...) as pool:`
 
@@ -26,7 +27,9 @@ import enum
 import logging
 import math
 import os
+import queue
 import selectors
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -133,6 +136,11 @@ class EnvPool:
         self._episodes: dict[int, _Episode] = {}
         self._next_handle = 0
         self._selector = selectors.DefaultSelector()  # one epoll for the pool's lifetime
+        self._arrived: queue.SimpleQueue = queue.SimpleQueue()  # background steps' results
+        self._submitted: dict[int, float] = {}  # handle of a background step -> when submitted
+        self._in_flight: set[int] = set()  # handles a background thread is stepping
+        self._close_after: set[int] = set()  # of those, closed: their thread kills the worker
+        self._lock = threading.Lock()  # guards the two sets
         self._refill()
 
     # ----------------------------------------------------------------------------- public API
@@ -144,12 +152,18 @@ class EnvPool:
                    max_turns: int | None = None) -> list[StepResult]:
         """Start several episodes concurrently; results in input order."""
         jobs = [self._new_job(code, max_turns, [_call("reset", seed=seed)]) for code, seed in specs]
-        return [self._step_result(job) for job in self._ordered(jobs)]
+        try:
+            return [self._step_result(job) for job in self._ordered(jobs)]
+        finally:
+            self._refill()
 
     def open(self, code: str, *, max_turns: int | None = None) -> CallResult:
         """Load `code` and instantiate its class without resetting (used by load_env)."""
         job = self._new_job(code, max_turns, [])
-        return self._call_result(self._ordered([job])[0])
+        try:
+            return self._call_result(self._ordered([job])[0])
+        finally:
+            self._refill()
 
     def reset(self, handle: int, seed: int | None) -> StepResult:
         """Reset a live episode in its current worker (the turn count restarts)."""
@@ -170,8 +184,60 @@ class EnvPool:
     def iter_step_many(self, pairs: Sequence[tuple[int, str]]) -> Iterator[StepResult]:
         """Step many episodes concurrently, yielding each result as soon as it arrives."""
         jobs = [self._job(handle, [_call("step", str(action))]) for handle, action in pairs]
-        for job in self._run(jobs):
+        for job in self._run(jobs, self._selector):
             yield self._step_result(job)
+
+    def submit_steps(self, pairs: Sequence[tuple[int, str]]) -> None:
+        """Step these episodes in a background thread (its own epoll), so the caller works on
+        while they run; `collect_steps` returns their results. Until then the episodes take
+        no other call; closing one forgets its step (its thread kills the worker once the
+        step returns)."""
+        pairs = list(pairs)
+        busy = sorted(h for h, _ in pairs if h in self._submitted)
+        if busy or len({h for h, _ in pairs}) < len(pairs):
+            raise ValueError(f"episodes {busy or pairs} already have a step submitted")
+        jobs = [self._job(handle, [_call("step", str(action))]) for handle, action in pairs]
+        now = time.monotonic()
+        self._submitted.update((handle, now) for handle, _ in pairs)
+        with self._lock:
+            self._in_flight.update(job.handle for job in jobs if not job.status)
+        if jobs:
+            threading.Thread(target=self._step_in_background, args=(jobs,), daemon=True,
+                             name="EnvPool.submit_steps").start()
+
+    def collect_steps(self, *, fresh_s: float = 0.0, wait_s: float = 0.0) -> list[StepResult]:
+        """Results of submitted steps that are back, in arrival order.
+
+        Waits until every step submitted less than `fresh_s` seconds ago is back (a grace for
+        quick steps), and, while none is back, up to `wait_s` seconds (math.inf: until one is).
+        An exception in the background thread is raised here.
+        """
+        out: list[StepResult] = []
+        patience = time.monotonic() + wait_s
+        while self._submitted:
+            deadline = max(t + fresh_s for t in self._submitted.values())
+            if not out:
+                deadline = max(deadline, patience)
+            left = deadline - time.monotonic()
+            try:
+                if left > 0:
+                    item = self._arrived.get(timeout=None if math.isinf(left) else left)
+                else:
+                    item = self._arrived.get_nowait()
+            except queue.Empty:
+                if left > 0:
+                    continue
+                break
+            if isinstance(item, BaseException):
+                raise item
+            if self._submitted.pop(item.handle, None) is not None:  # else closed meanwhile
+                out.append(item)
+        return out
+
+    @property
+    def steps_outstanding(self) -> int:
+        """Submitted steps whose results `collect_steps` has not returned yet."""
+        return len(self._submitted)
 
     def call(self, handle: int, method: str, *args, **kwargs) -> CallResult:
         """Call an allowed method (solution, hint, get_tools, reset, step, close) and return raw."""
@@ -179,8 +245,14 @@ class EnvPool:
         return self._call_result(self._ordered([job])[0])
 
     def close(self, handle: int) -> None:
-        """End an episode and kill its worker; unknown or ended handles are ignored."""
-        episode = self._episodes.pop(handle, None)
+        """End an episode and kill its worker (forgetting a step submitted for it); unknown or
+        ended handles are ignored."""
+        self._submitted.pop(handle, None)
+        with self._lock:
+            episode = self._episodes.pop(handle, None)
+            if handle in self._in_flight:  # its thread still reads the worker's pipe
+                self._close_after.add(handle)
+                return
         if episode is not None:
             episode.worker.kill()
 
@@ -233,12 +305,14 @@ class EnvPool:
         job = _Job(handle, episode, requests, self.config.step_timeout_s)
         if episode is None:
             job.status, job.error = CRASHED, f"unknown or closed handle {handle}"
+        elif handle in self._in_flight:
+            raise ValueError(f"episode {handle} has a step in the background: collect it first")
         elif episode.ended:
             job.status, job.error = CRASHED, f"episode already ended: {episode.ended}"
         return job
 
     def _ordered(self, jobs: list[_Job]) -> list[_Job]:
-        finished = list(self._run(jobs))
+        finished = list(self._run(jobs, self._selector))
         assert len(finished) == len(jobs)
         return jobs
 
@@ -289,11 +363,28 @@ class EnvPool:
             code = worker.proc.poll()
             self._fail(job, CRASHED, f"worker exited (returncode {code}) during the call")
 
-    def _run(self, jobs: list[_Job]) -> Iterator[_Job]:
-        """Drive the jobs to completion, at most max_concurrent_calls at a time."""
+    def _step_in_background(self, jobs: list[_Job]) -> None:
+        """`submit_steps`'s thread: drive the jobs on an epoll of its own, queueing each
+        result (or the exception that stopped it) as it arrives."""
+        try:
+            with selectors.DefaultSelector() as selector:
+                for job in self._run(jobs, selector):
+                    result = self._step_result(job)
+                    with self._lock:
+                        self._in_flight.discard(job.handle)
+                        closed = job.handle in self._close_after
+                        self._close_after.discard(job.handle)
+                    if closed:
+                        job.episode.worker.kill()
+                    else:
+                        self._arrived.put(result)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by collect_steps
+            self._arrived.put(exc)
+
+    def _run(self, jobs: list[_Job], selector: selectors.BaseSelector) -> Iterator[_Job]:
+        """Drive the jobs to completion on `selector`, at most max_concurrent_calls at a time."""
         pending = collections.deque(jobs)
         active: dict[int, _Job] = {}
-        selector = self._selector
         try:
             while pending or active:
                 while pending and len(active) < self.max_concurrent_calls:
@@ -327,7 +418,6 @@ class EnvPool:
             for fd, job in active.items():  # abandoned by the consumer: the protocol is out of step
                 selector.unregister(fd)
                 self._fail(job, CRASHED, "call abandoned before its reply")
-            self._refill()
 
     def _timeout_message(self, job: _Job, now: float) -> str:
         """Which limit a timed-out call hit: its own, or the episode's play budget."""
