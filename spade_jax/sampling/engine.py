@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from spade_jax.sampling.sampler import Sampler
 from spade_jax.sampling.session import FinishReason, TurnOutput
@@ -38,20 +39,52 @@ class Conversation:
 TurnsCallback = Callable[[dict[int, TurnOutput]], dict[int, Sequence[int]]]
 
 
+class TurnReplies(Protocol):
+    """Replies to ended turns that may take a while (environments stepping in the background).
+
+    `submit({request index: the turn it just ended})` starts answering them;
+    `collect(block=...)` returns the replies that are in, {request index: observation ids to
+    append before that conversation's next turn, or None when it is over}; with `block`
+    (nothing else to decode) it waits for at least one.
+    """
+
+    def submit(self, ended: dict[int, TurnOutput]) -> None: ...
+
+    def collect(self, *, block: bool) -> dict[int, Sequence[int] | None]: ...
+
+
+class _RepliedAtOnce:
+    """`TurnReplies` of a synchronous `TurnsCallback`: each submission is answered at once."""
+
+    def __init__(self, on_turns: TurnsCallback):
+        self.on_turns = on_turns
+        self.replies: dict[int, Sequence[int] | None] = {}
+
+    def submit(self, ended: dict[int, TurnOutput]) -> None:
+        replies = self.on_turns(ended)
+        self.replies.update({i: replies.get(i) for i in ended})
+
+    def collect(self, *, block: bool) -> dict[int, Sequence[int] | None]:
+        replies, self.replies = self.replies, {}
+        return replies
+
+
 class Engine:
     """Serves a queue of conversations on `slots` rows of one KV cache (continuous batching).
 
     Every slot decodes its conversation's current turn. The decode pauses once a share of the
-    running turns ended (stop token, budget or full cache; `pause_share`); `on_turns` then
-    gives, for all of them at once (e.g. environments stepped concurrently), each
+    running turns ended (stop token, budget or full cache; `pause_share`); their turns are
+    answered (`on_turns` at once, or `replies` in the background), each with the
     conversation's next observation, appended to that slot alone before its next turn starts,
-    or ends it; a freed slot is prefilled with the next waiting conversation (that row only).
-    The other slots keep their state and resume decoding, so a long answer holds only its own
-    slot. Each conversation has `capacity` cache slots of its own, and its sampling keys derive
-    from (seed, request index, position), so what it samples depends neither on its slot nor
-    on its neighbours: greedy outputs equal one-at-a-time generation. The schedule depends only
-    on the sampled tokens and the callback's answers, never on timing, so every host of a
-    multi-host run makes the same program calls.
+    or with its end; a freed slot is prefilled with the next waiting conversation (that row
+    only). The other slots keep their state and resume decoding, so a long answer holds only
+    its own slot, and so does a slow reply: a slot waiting for `replies` sits out the decode
+    segments until its reply is collected at a pause. Each conversation has `capacity` cache
+    slots of its own, and its sampling keys derive from (seed, request index, position), so
+    what it samples depends neither on its slot nor on its neighbours: greedy outputs equal
+    one-at-a-time generation. The schedule depends only on the sampled tokens and on which
+    replies are in at each pause (with `on_turns`, all of them), so the hosts of a multi-host
+    run make the same program calls when their `replies` collect the same on every host.
     """
 
     def __init__(self, sampler: Sampler, *, slots: int, capacity: int,
@@ -66,14 +99,21 @@ class Engine:
         self.decode_steps = 0  # decode-loop iterations of the last run (`Session.decode_steps`)
 
     def run(self, requests: Sequence[Request], *, on_turns: TurnsCallback | None = None,
-            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-            stop_token_ids: Sequence[int] = (), seed: int = 0) -> list[Conversation]:
+            replies: TurnReplies | None = None, temperature: float = 0.0, top_k: int = 0,
+            top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
+            seed: int = 0) -> list[Conversation]:
         """Serve every request to its end; one Conversation per request, in order.
 
-        Without `on_turns` each conversation is one turn. An observation is appended only
-        if the conversation's cache keeps room for a whole next turn (`max_new_tokens`);
-        otherwise the conversation ends `context_full`. Sampling settings as `Session.decode`.
+        Without `on_turns` or `replies` each conversation is one turn. An observation is
+        appended only if the conversation's cache keeps room for a whole next turn
+        (`max_new_tokens`); otherwise the conversation ends `context_full`. Sampling settings
+        as `Session.decode`.
         """
+        if on_turns is not None and replies is not None:
+            raise ValueError("give on_turns (replies at once) or replies (collected later), "
+                             "not both")
+        if on_turns is not None:
+            replies = _RepliedAtOnce(on_turns)
         if not requests:
             return []
         queue = collections.deque(range(len(requests)))
@@ -87,29 +127,49 @@ class Engine:
                                   stop_token_ids=stop_token_ids, seed=seed)
         turns: list[list[TurnOutput]] = [[] for _ in requests]
         results: list[Conversation | None] = [None] * len(requests)
+        waiting: dict[int, int] = {}  # row -> request whose reply it waits for
+
+        def finish(r: int, context_full: bool) -> None:
+            i = owner[r]
+            results[i] = Conversation(
+                session.sequences[r], session.loss_masks[r], session.logprobs[r],
+                session.sampling_logprobs[r], turns[i], r, context_full=context_full
+                or turn.outputs[r].finish_reason is FinishReason.CONTEXT_FULL)
+            owner[r] = None
+
         while any(i is not None for i in owner):
-            ended = {r: owner[r] for r in range(session.num_rows)
-                     if owner[r] is not None and not turn.running[r]}
+            ended = {r: owner[r] for r in range(session.num_rows) if owner[r] is not None
+                     and not turn.running[r] and r not in waiting}
             for r, i in ended.items():
                 turns[i].append(turn.outputs[r])
             # a refused prompt (longer than the capacity) sampled nothing: no turn to answer
-            answered = {i: turn.outputs[r] for r, i in ended.items() if turn.outputs[r].tokens
-                        or turn.outputs[r].finish_reason is not FinishReason.CONTEXT_FULL}
-            replies = on_turns(answered) if on_turns is not None and answered else {}
+            answered = {r: i for r, i in ended.items() if replies is not None and (
+                turn.outputs[r].tokens
+                or turn.outputs[r].finish_reason is not FinishReason.CONTEXT_FULL)}
+            for r in ended.keys() - answered.keys():
+                finish(r, context_full=False)
+            if answered:
+                replies.submit({i: turn.outputs[r] for r, i in answered.items()})
+                waiting.update(answered)
             observations: dict[int, list[int]] = {}
-            free = session.free_slots
-            for r, i in ended.items():
-                obs = list(map(int, replies.get(i) or ()))
-                fits = len(obs) + requests[i].max_new_tokens <= free[r]
-                if obs and fits:
-                    observations[r] = obs
-                    continue
-                results[i] = Conversation(
-                    session.sequences[r], session.loss_masks[r], session.logprobs[r],
-                    session.sampling_logprobs[r], turns[i], r,
-                    context_full=bool(obs) and not fits
-                    or turn.outputs[r].finish_reason is FinishReason.CONTEXT_FULL)
-                owner[r] = None
+            if waiting:
+                # with nothing to decode or prefill, wait for a reply
+                idle = not turn.running.any() and not (queue and None in owner)
+                got, before = replies.collect(block=idle), len(waiting)
+                free = session.free_slots
+                for r, i in list(waiting.items()):
+                    if i not in got:
+                        continue
+                    del waiting[r]
+                    obs = list(map(int, got[i] or ()))
+                    fits = len(obs) + requests[i].max_new_tokens <= free[r]
+                    if obs and fits:
+                        observations[r] = obs
+                    else:
+                        finish(r, context_full=bool(obs) and not fits)
+                if idle and len(waiting) == before:
+                    raise RuntimeError("TurnReplies.collect(block=True) returned none of the "
+                                       f"{before} replies waited for")
             if observations:
                 session.append([observations.get(r) for r in range(session.num_rows)])
                 session.start_rows(turn, {r: requests[owner[r]].max_new_tokens
@@ -128,6 +188,6 @@ class Engine:
             # may continue
             pause_after = max(1, round(self.pause_share * int(turn.running.sum())))
             session.decode_segment(turn, exit_after_finished=(
-                pause_after if queue or on_turns is not None else None))
+                pause_after if queue or replies is not None else None))
         self.decode_steps = session.decode_steps
         return results

@@ -86,6 +86,68 @@ def test_a_long_answer_holds_only_its_own_slot(sampler):
     assert engine.decode_steps == 40  # the long answer's steps; the short turns ran alongside
 
 
+class SlowFirstReplies:
+    """`TurnReplies` where conversation 0's reply comes back only after two more submissions of
+    the others (a slow environment) or when the engine has nothing else to wait for; the others
+    are answered at once. Every conversation goes on for three turns."""
+
+    def __init__(self):
+        self.submitted, self.turns, self.out, self.blocks = [], {}, {}, 0
+
+    def submit(self, ended):
+        self.submitted.append(sorted(ended))
+        for i in ended:
+            self.turns[i] = self.turns.get(i, 0) + 1
+            self.out[i] = len(self.submitted)
+
+    def collect(self, *, block):
+        self.blocks += block
+        ready = [i for i, at in self.out.items() if i or len(self.submitted) >= at + 2]
+        if block and not ready:
+            ready = list(self.out)
+        for i in ready:
+            del self.out[i]
+        return {i: [9] if self.turns[i] < 3 else None for i in ready}
+
+
+def test_a_slow_reply_holds_only_its_own_slot(sampler):
+    # no stop token: each turn runs to its budget; conversation 0's turns end first
+    requests = [Request([3, 4, 5], 2), Request([6, 7], 6), Request([8], 6)]
+    replies = SlowFirstReplies()
+    engine = Engine(sampler, slots=3, capacity=64, pause_share=0.3)
+    served = engine.run(requests, replies=replies)
+    # the others play two turns while conversation 0's first reply is out
+    assert replies.submitted[:3] == [[0], [1, 2], [1, 2]], replies.submitted
+    assert replies.blocks and [len(c.turns) for c in served] == [3, 3, 3]
+    # what each conversation sampled does not depend on when its replies came
+    counts = {}
+
+    def three_turns(ended):
+        for i in ended:
+            counts[i] = counts.get(i, 0) + 1
+        return {i: [9] for i in ended if counts[i] < 3}
+
+    at_once = Engine(sampler, slots=3, capacity=64).run(requests, on_turns=three_turns)
+    assert [c.tokens for c in served] == [c.tokens for c in at_once]
+    assert [c.slot for c in served] == [0, 1, 2]
+
+
+def test_replies_that_never_come_are_an_error(sampler):
+    class Silent:
+        def submit(self, ended):
+            pass
+
+        def collect(self, *, block):
+            return {}
+
+    with pytest.raises(RuntimeError, match="returned none of the 2 replies"):
+        Engine(sampler, slots=2, capacity=64).run([Request([1], 2), Request([2], 2)],
+                                                  replies=Silent())
+    with pytest.raises(ValueError, match="not both"):
+        Engine(sampler, slots=2, capacity=64).run([Request([1], 2)], replies=Silent(),
+                                                  on_turns=lambda ended: {})
+
+
 def test_an_observation_without_room_for_a_whole_next_turn_ends_the_conversation(sampler):
     requests = [Request([1, 2, 3], 4), Request([4, 5, 6], 4)]
     # after 7 tokens (6 cached: the last one is pending), 16 slots take 6 + 4 more, not 7 + 4
