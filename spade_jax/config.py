@@ -188,10 +188,13 @@ def base_config() -> ml_collections.ConfigDict:
     # step_timeout_s: seconds one environment call (reset or step) may run before the play
     # ends; play_timeout_s: seconds all of one play's environment calls may take together
     # (the reference's 300 s per game; generation is batched across plays, so it is not
-    # counted); validation_timeout_s: seconds the gate's random-action run may take (60)
+    # counted); validation_timeout_s: seconds the gate's random-action run may take (60);
+    # step_wait_s: seconds a rollout waits for an Agent's environment step before decoding on
+    # without it, so a slow environment holds only its own episode (inf: wait for every step,
+    # the schedule then depends on the sampled tokens alone)
     c.sandbox = ml_collections.ConfigDict(dict(allow_unsafe=False, warm_workers=8,
                                                step_timeout_s=30.0, play_timeout_s=300.0,
-                                               validation_timeout_s=60.0))
+                                               validation_timeout_s=60.0, step_wait_s=1.0))
 
     c.checkpoint_every = 1
     c.keep_checkpoints = 3

@@ -53,6 +53,14 @@ def test_every_problem_is_reported_at_once_with_its_key_path():
     assert "sampling.max_context=0 must be >= 1" in found
 
 
+@pytest.mark.parametrize("wait", [-1.0, float("nan")])
+def test_a_negative_step_wait_is_refused_and_inf_means_lockstep(wait):
+    assert problems_of(tiny(**{"sandbox.step_wait_s": wait})) == [
+        f"sandbox.step_wait_s={wait} must be >= 0 (inf: wait for every step)"]
+    assert parse(tiny(**{"sandbox.step_wait_s": float("inf")})).sandbox.step_wait_s == float("inf")
+    assert parse(tiny()).sandbox.step_wait_s == 1.0
+
+
 @pytest.mark.parametrize("seed", [-1, 2**31, 1.5, "abc", True])
 def test_a_seed_outside_the_31_bit_range_is_refused_naming_it(seed):
     assert problems_of(tiny(seed=seed)) == [f"seed={seed!r}: use an integer in [0, 2147483647]"]

@@ -21,7 +21,7 @@ from typing import Any
 from spade_jax.envs import EnvPool, StepResult
 from spade_jax.envs.tool_use import TOOL_RESULTS
 from spade_jax.seeding import derive_seed
-from spade_jax.spade.envrunner import EpisodeStart
+from spade_jax.spade.envrunner import EpisodeStart, StepsAtOnce
 from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeStatus
 
 TO_AGENT, TO_USER, TO_JUDGE = "agent", "user", "judge"
@@ -48,8 +48,9 @@ def load_user_model(rt, source: str) -> UserModel:
                      ChatFormat(tokenizer))
 
 
-class UserSimulatorRunner:
-    """Start, step and close episodes whose user is played by `sampler` with `decoding`.
+class UserSimulatorRunner(StepsAtOnce):
+    """Start, step and close episodes whose user is played by `sampler` with `decoding`
+    (steps at once: the user's turns sample from the model, in the caller's thread).
 
     `capacity` is the user conversation's KV-cache slots per episode; a user turn that no
     longer fits ends its episode with status 'context_full'.

@@ -11,6 +11,8 @@ returned with the episode's start (`EpisodeStart.hint_status`) and counted by th
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Sequence
 
 from spade_jax.distributed import allgather_json, merge_across_processes
@@ -78,9 +80,43 @@ class SandboxEnvRunner:
     def step_many(self, handles_and_actions):
         return self.pool.step_many(list(handles_and_actions))
 
+    def submit_steps(self, handles_and_actions) -> None:
+        """Step these episodes in the background (`EnvPool.submit_steps`)."""
+        self.pool.submit_steps(list(handles_and_actions))
+
+    def collect_steps(self, *, fresh_s: float, wait_s: float) -> list[StepResult]:
+        """The submitted steps that are back (`EnvPool.collect_steps`)."""
+        return self.pool.collect_steps(fresh_s=fresh_s, wait_s=wait_s)
+
+    @property
+    def steps_outstanding(self) -> int:
+        return self.pool.steps_outstanding
+
     def close_many(self, handles) -> None:
         for handle in handles:
             self.pool.close(handle)
+
+
+class StepsAtOnce:
+    """`submit_steps`/`collect_steps` for a runner whose steps must run in the caller's thread
+    (they sample from the model, say): a submission steps at once, a collection returns it."""
+
+    _stepped: tuple = ()
+
+    def submit_steps(self, handles_and_actions) -> None:
+        self._stepped = (*self._stepped, *self.step_many(list(handles_and_actions)))
+
+    def collect_steps(self, *, fresh_s: float, wait_s: float) -> list[StepResult]:
+        stepped, self._stepped = list(self._stepped), ()
+        return stepped
+
+    @property
+    def steps_outstanding(self) -> int:
+        return len(self._stepped)
+
+
+# How long a host waits for its own steps between two exchanges, while none is back anywhere
+EXCHANGE_ROUND_S = 0.05
 
 
 class ShardedEnvRunner:
@@ -122,6 +158,38 @@ class ShardedEnvRunner:
                 for (n, _), r in zip(own, results, strict=True)}
         merged = merge_across_processes(mine, self.gather)
         return [StepResult(**merged[n]) for n, _ in pairs]
+
+    def submit_steps(self, handles_and_actions) -> None:
+        """Step this process's episodes among these in the background."""
+        self.local.submit_steps([(self._local_handles[n], a) for n, a in handles_and_actions
+                                 if n in self._local_handles])
+
+    def collect_steps(self, *, fresh_s: float, wait_s: float) -> list[StepResult]:
+        """The submitted steps that are back on any process, the same list on every process.
+
+        Each round every process collects its own (the first round with the `fresh_s` grace)
+        and all exchange them. Rounds go on while none is back anywhere, some are still out,
+        and process 0 still has `wait_s` to wait: one process's clock decides, and the
+        decision travels with the exchanged data, so every process makes the same calls and
+        returns the same results.
+        """
+        numbers = {local: n for n, local in self._local_handles.items()}
+        deadline = time.monotonic() + wait_s
+        first = True
+        while True:
+            left = deadline - time.monotonic()
+            mine = self.local.collect_steps(
+                fresh_s=fresh_s if first else 0.0,
+                wait_s=0.0 if first else min(EXCHANGE_ROUND_S, max(left, 0.0)))
+            first = False
+            parts = self.gather({
+                "results": {str(numbers[r.handle]): dataclasses.asdict(
+                    dataclasses.replace(r, handle=numbers[r.handle])) for r in mine},
+                "waiting": math.isinf(left) or left > 0,
+                "outstanding": self.local.steps_outstanding})
+            results = [StepResult(**r) for part in parts for r in part["results"].values()]
+            if results or not parts[0]["waiting"] or not any(p["outstanding"] for p in parts):
+                return sorted(results, key=lambda r: r.handle)
 
     def close_many(self, handles) -> None:
         self.local.close_many([self._local_handles.pop(n) for n in handles

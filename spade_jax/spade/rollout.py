@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -104,11 +105,17 @@ def conversation_capacity(max_turns: int, max_new_tokens: int, max_context: int)
 
 
 class EnvRunner(Protocol):
-    """Host side of a rollout: many sandboxed environments stepped concurrently."""
+    """Host side of a rollout: many sandboxed environments stepped concurrently, at once
+    (`step_many`) or in the background (`submit_steps`, then `collect_steps` with
+    `EnvPool.collect_steps`'s waits)."""
 
     def reset_many(self, specs: Sequence[EpisodeSpec]) -> list[Any]: ...
 
     def step_many(self, handles_and_actions: Sequence[tuple[Any, str]]) -> list[Any]: ...
+
+    def submit_steps(self, handles_and_actions: Sequence[tuple[Any, str]]) -> None: ...
+
+    def collect_steps(self, *, fresh_s: float, wait_s: float) -> list[Any]: ...
 
     def close_many(self, handles: Sequence[Any]) -> None: ...
 
@@ -179,6 +186,62 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
+class _EnvironmentTurns:
+    """The Agent's ended turns stepped in their environments in the background
+    (`engine.TurnReplies`), with each episode's turns, rewards and outcome so far."""
+
+    def __init__(self, envs: EnvRunner, starts: list, chat: ChatFormat, *, max_turns: int,
+                 max_observation_tokens: int, step_wait_s: float, playing: list[int]):
+        self.envs, self.starts, self.chat = envs, starts, chat
+        self.max_turns, self.max_observation_tokens = max_turns, max_observation_tokens
+        self.step_wait_s, self.playing = step_wait_s, playing
+        n = len(starts)
+        self.rewards: list[list[float]] = [[] for _ in range(n)]
+        self.terminated = [False] * n
+        self.status = [EpisodeStatus.OK if s.ok else EpisodeStatus.CRASHED for s in starts]
+        self.turns = [0] * n
+        self.continued = [False] * n  # whether the last turn's observation asked for another
+        self.stopped: dict[int, bool] = {}  # request -> whether its last turn ended on EOS
+        self.seconds = 0.0  # host time spent submitting and waiting for steps
+
+    def submit(self, ended: dict[int, TurnOutput]) -> None:
+        started = time.perf_counter()
+        pairs = []
+        for j, out in ended.items():
+            i = self.playing[j]
+            self.turns[i] += 1
+            self.stopped[j] = out.stopped
+            pairs.append((self.starts[i].handle,
+                          self.chat.tokenizer.decode(out.tokens, skip_special_tokens=True)))
+        self.envs.submit_steps(pairs)
+        self.seconds += time.perf_counter() - started
+
+    def collect(self, *, block: bool) -> dict[int, list[int] | None]:
+        started = time.perf_counter()
+        results = self.envs.collect_steps(fresh_s=self.step_wait_s,
+                                          wait_s=math.inf if block else 0.0)
+        request = {self.starts[i].handle: j for j, i in enumerate(self.playing)}
+        observations: dict[int, list[int] | None] = {}
+        for result in results:
+            j = request[result.handle]
+            i = self.playing[j]
+            observations[j] = None
+            self.continued[i] = False
+            if not result.ok:
+                self.status[i] = EpisodeStatus(result.status)
+                continue
+            self.rewards[i].append(float(result.reward))
+            if result.terminated or result.truncated:
+                self.terminated[i] = bool(result.terminated)
+            elif self.turns[i] < self.max_turns:
+                text = result.observation[:4 * self.max_observation_tokens]
+                tool = isinstance(result.info, dict) and bool(result.info.get(TOOL_RESULTS))
+                observations[j] = self.chat.observation_turn(text, self.stopped[j], tool=tool)
+                self.continued[i] = True
+        self.seconds += time.perf_counter() - started
+        return observations
+
+
 def play_episodes(
     specs: Sequence[EpisodeSpec],
     *,
@@ -191,20 +254,24 @@ def play_episodes(
     seed: int,
     capacity: int,
     max_observation_tokens: int = OBSERVATION_BUDGET,
+    step_wait_s: float = math.inf,
     timer=None,
 ) -> list[Episode]:
     """Play every spec to the end (or `max_turns`) and return one Episode per spec.
 
     `sampler` is a `spade_jax.sampling.Sampler`; the episodes are served by one `Engine` with
     a slot (`capacity` cache slots of its own) per episode. Turns are not synchronised: once
-    some turns end, those episodes' environments step (concurrently), their observations are
-    appended and their next turns start while the other episodes keep decoding, so a long
-    answer holds only its own episode. An observation longer than about
-    `max_observation_tokens` is cut; an episode whose next observation and answer no longer
-    fit in its cache ends with status 'context_full'. Every turn samples with `decoding` (its
-    `max_new_tokens` per turn); each token's key derives from (seed, the episode's index
-    among those whose environment started, position), so `seed` may be any seed in
-    [0, 2**31). `system_prompt=None` starts the conversation with the observation alone
+    some turns end, those episodes' environments step (concurrently, in the background),
+    their observations are appended and their next turns start while the other episodes keep
+    decoding, so a long answer holds only its own episode. The engine waits up to
+    `step_wait_s` after submitting steps for them (math.inf: every step, so the schedule
+    depends on the tokens alone); a slower step's episode sits out decode segments until its
+    result is in, so a slow environment too holds only its own episode. An observation
+    longer than about `max_observation_tokens` is cut; an episode whose next observation and
+    answer no longer fit in its cache ends with status 'context_full'. Every turn samples
+    with `decoding` (its `max_new_tokens` per turn); each token's key derives from (seed, the
+    episode's index among those whose environment started, position), so `seed` may be any
+    seed in [0, 2**31). `system_prompt=None` starts the conversation with the observation alone
     (benchmarks whose reference sends no system message); an episode start's own
     `system_prompt` replaces it.
     """
@@ -222,47 +289,17 @@ def play_episodes(
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         prompts.append(chat.prompt(messages, tools=start.tools)[-capacity // 2:])
-    episode_rewards: list[list[float]] = [[] for _ in range(n)]
-    terminated = [False] * n
-    status = [EpisodeStatus.OK if s.ok else EpisodeStatus.CRASHED for s in starts]
-    turns = [0] * n
-    continued = [False] * n  # whether the last turn's observation asked for another turn
     playing = [i for i in range(n) if starts[i].ok]
-
-    def on_turns(ended: dict[int, TurnOutput]) -> dict[int, list[int]]:
-        """Step the environments of the turns that ended; the next observations."""
-        nonlocal env_seconds
-        stepped = time.perf_counter()
-        indices = [playing[j] for j in ended]
-        for i in indices:
-            turns[i] += 1
-        results = envs.step_many([
-            (starts[i].handle, chat.tokenizer.decode(out.tokens, skip_special_tokens=True))
-            for i, out in zip(indices, ended.values(), strict=True)])
-        observations = {}
-        for j, i, result in zip(ended, indices, results, strict=True):
-            continued[i] = False
-            if not result.ok:
-                status[i] = EpisodeStatus(result.status)
-                continue
-            episode_rewards[i].append(float(result.reward))
-            if result.terminated or result.truncated:
-                terminated[i] = bool(result.terminated)
-            elif turns[i] < max_turns:
-                text = result.observation[:4 * max_observation_tokens]
-                tool = isinstance(result.info, dict) and bool(result.info.get(TOOL_RESULTS))
-                observations[j] = chat.observation_turn(text, ended[j].stopped, tool=tool)
-                continued[i] = True
-        env_seconds += time.perf_counter() - stepped
-        return observations
-
+    env_turns = _EnvironmentTurns(envs, starts, chat, max_turns=max_turns,
+                                  max_observation_tokens=max_observation_tokens,
+                                  step_wait_s=step_wait_s, playing=playing)
     engine = Engine(sampler, slots=max(len(playing), 1), capacity=capacity)
     served = engine.run([Request(prompts[i], decoding.max_new_tokens) for i in playing],
-                        on_turns=on_turns,
+                        replies=env_turns,
                         **decoding.decode_kwargs(), stop_token_ids=[chat.eos_id], seed=seed)
     stepped = time.perf_counter()
     envs.close_many([s.handle for s in starts])
-    env_seconds += time.perf_counter() - stepped
+    env_seconds += time.perf_counter() - stepped + env_turns.seconds
     if timer is not None:
         timer.add("env", env_seconds)
         timer.add("sampling", time.perf_counter() - started - env_seconds)
@@ -272,13 +309,14 @@ def play_episodes(
         # an episode whose environment did not start keeps its prompt alone
         played = conversations.get(i) or Conversation(
             prompts[i], [0] * len(prompts[i]), [0.0] * len(prompts[i]), [], [], -1, False)
-        if played.context_full and continued[i]:
-            status[i] = EpisodeStatus.CONTEXT_FULL
+        status = env_turns.status[i]
+        if played.context_full and env_turns.continued[i]:
+            status = EpisodeStatus.CONTEXT_FULL
         episodes.append(Episode(
             spec=specs[i], tokens=np.asarray(played.tokens, np.int32),
             loss_mask=np.asarray(played.loss_mask, bool),
             behaviour_logp=np.asarray(played.logprobs, np.float32),
-            rewards=episode_rewards[i], terminated=terminated[i], status=status[i],
-            turns=turns[i], generated_tokens=sum(len(t.tokens) for t in played.turns),
+            rewards=env_turns.rewards[i], terminated=env_turns.terminated[i], status=status,
+            turns=env_turns.turns[i], generated_tokens=sum(len(t.tokens) for t in played.turns),
             hint=starts[i].hint, hint_status=starts[i].hint_status))
     return episodes

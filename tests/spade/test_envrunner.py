@@ -6,6 +6,7 @@ one `SandboxEnvRunner` returns for the whole batch, while each pool only ever he
 The same runner across real processes (gloo) is exercised by tests/scaleout/test_two_process.py.
 """
 
+import math
 import random
 
 from spade_jax.envs import EnvPool
@@ -43,6 +44,46 @@ def play(runner, record=None):
             record.append(len(runner.local.pool._episodes))
     runner.close_many(handles)
     return seen
+
+
+def play_in_background(runner, collected=None):
+    """`play`, with each round's steps submitted at once and collected as they come back."""
+    starts = runner.reset_many(SPECS)
+    seen = [[(s.ok, s.status, s.observation, s.hint, s.hint_status) for s in starts]]
+    handles = [s.handle for s in starts]
+    for guess in GUESSES:
+        runner.submit_steps([(h, guess) for h in handles])
+        results = []
+        while len(results) < len(handles):
+            batch = runner.collect_steps(fresh_s=0.0, wait_s=math.inf)
+            results += batch
+            if collected is not None:
+                collected.append([r.handle for r in batch])
+        results.sort(key=lambda r: handles.index(r.handle))
+        seen.append([(r.status, r.observation, r.reward, r.terminated, r.truncated)
+                     for r in results])
+    runner.close_many(handles)
+    return seen
+
+
+def test_steps_collected_in_the_background_are_the_same_on_every_host():
+    with EnvPool(TEST_CONFIG, warm=2, max_turns=10) as pool:
+        want = play(SandboxEnvRunner(pool, 10))
+        assert play_in_background(SandboxEnvRunner(pool, 10)) == want
+    pools = [EnvPool(TEST_CONFIG, warm=2, max_turns=10) for _ in range(2)]
+
+    def host(rank, gather):
+        runner = ShardedEnvRunner(SandboxEnvRunner(pools[rank], 10), rank, 2, gather=gather)
+        collected = []
+        return play_in_background(runner, collected), collected
+
+    try:
+        (seen0, collected0), (seen1, collected1) = run_as_processes(2, host)
+    finally:
+        for p in pools:
+            p.shutdown()
+    assert seen0 == seen1 == want
+    assert collected0 == collected1  # every collection returned the same steps on both hosts
 
 
 def test_two_hosts_see_what_one_host_sees_while_each_runs_only_its_rows():

@@ -49,6 +49,9 @@ class SandboxConfig:
     max_code_bytes: int = 512 << 10
     step_timeout_s: float = 5.0
     play_timeout_s: float = 300.0  # environment seconds one episode may spend in all
+    # seconds a rollout waits for an Agent's environment step before decoding on without it
+    # (its episode waits alone); inf: every step, so the schedule depends on the tokens alone
+    step_wait_s: float = 1.0
     validation_timeout_s: float = 60.0  # the gate's random-action run (validate, V6)
     start_timeout_s: float = 30.0
     use_bwrap: bool = True
@@ -63,6 +66,8 @@ class SandboxConfig:
         """What is wrong with these settings, one message per problem (key names as in config)."""
         out = [f"{key}={getattr(self, key)} must be > 0"
                for key in ("step_timeout_s", "play_timeout_s") if getattr(self, key) <= 0]
+        if not self.step_wait_s >= 0:
+            out.append(f"step_wait_s={self.step_wait_s} must be >= 0 (inf: wait for every step)")
         if self.validation_timeout_s <= 0:
             out.append(f"validation_timeout_s={self.validation_timeout_s} must be > 0")
         if self.warm_workers < 0:

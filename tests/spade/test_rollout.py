@@ -1,0 +1,75 @@
+"""Agent plays with environments stepped in the background: a slow environment holds only its
+own episode, and what every episode plays does not depend on when its steps came back."""
+
+import math
+
+import pytest
+
+from spade_jax.envs import EnvPool
+from spade_jax.spade.envrunner import SandboxEnvRunner
+from spade_jax.spade.rollout import ChatFormat, Decoding, EpisodeSpec, play_episodes
+from tests.envs.conftest import TEST_CONFIG, case
+from tests.loop.pin import ScriptedSession
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from spade_jax.weights.gguf import smollm2_gguf_path
+    from spade_jax.weights.tokenizer import load_tokenizer
+
+    return load_tokenizer(smollm2_gguf_path())
+
+
+class CountingSampler:
+    """Answers every turn with the next number after the ones in its prompt (a turn completes
+    in one decode segment)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def start(self, prompts, *, capacity):
+        return ScriptedSession(self.tokenizer, lambda text, row, seed: f"number {seed}",
+                               prompts, capacity)
+
+
+class RecordingRunner(SandboxEnvRunner):
+    """A sandbox runner that records which episodes (by spec index) each submission stepped."""
+
+    def __init__(self, pool):
+        super().__init__(pool, max_turns=5)
+        self.index, self.submitted = {}, []
+
+    def reset_many(self, specs):
+        starts = super().reset_many(specs)
+        self.index = {s.handle: i for i, s in enumerate(starts)}
+        return starts
+
+    def submit_steps(self, handles_and_actions):
+        pairs = list(handles_and_actions)
+        self.submitted.append(sorted(self.index[h] for h, _ in pairs))
+        super().submit_steps(pairs)
+
+
+def play(tokenizer, step_wait_s):
+    """Three episodes of slow_counter; seed 1's steps take a second, the others' none."""
+    specs = [EpisodeSpec("count", case("slow_counter"), seed) for seed in (0, 1, 2)]
+    with EnvPool(TEST_CONFIG, warm=3, max_turns=5) as pool:
+        runner = RecordingRunner(pool)
+        episodes = play_episodes(
+            specs, sampler=CountingSampler(tokenizer), envs=runner,
+            chat=ChatFormat(tokenizer), system_prompt="SYS", max_turns=5,
+            decoding=Decoding(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16), seed=0,
+            capacity=1024, step_wait_s=step_wait_s)
+    return episodes, runner.submitted
+
+
+def test_a_slow_environment_holds_only_its_own_episode(smollm2):
+    background, submitted = play(smollm2, step_wait_s=0.2)
+    # the fast episodes play their three turns while the slow one's first step runs
+    assert submitted == [[0, 1, 2], [0, 2], [0, 2], [1], [1]], submitted
+    lockstep, in_lockstep = play(smollm2, step_wait_s=math.inf)
+    assert in_lockstep == [[0, 1, 2]] * 3
+    for a, b in zip(background, lockstep, strict=True):
+        assert a.tokens.tolist() == b.tokens.tolist()
+        assert (a.rewards, a.turns, a.status, a.terminated) == (
+            b.rewards, b.turns, b.status, b.terminated) == ([0.0, 0.0, 1.0], 3, "ok", True)
