@@ -39,6 +39,11 @@ class Conversation:
 TurnsCallback = Callable[[dict[int, TurnOutput]], dict[int, Sequence[int]]]
 
 
+# While a reply is out, a decode segment pauses after this many steps to collect it, so its
+# conversation rejoins the decode soon after the reply is in
+REPLY_CHECK_STEPS = 32
+
+
 class TurnReplies(Protocol):
     """Replies to ended turns that may take a while (environments stepping in the background).
 
@@ -79,7 +84,8 @@ class Engine:
     or with its end; a freed slot is prefilled with the next waiting conversation (that row
     only). The other slots keep their state and resume decoding, so a long answer holds only
     its own slot, and so does a slow reply: a slot waiting for `replies` sits out the decode
-    segments until its reply is collected at a pause. Each conversation has `capacity` cache
+    segments until its reply is collected at a pause (every `REPLY_CHECK_STEPS` steps while
+    one is out). Each conversation has `capacity` cache
     slots of its own, and its sampling keys derive from (seed, request index, position), so
     what it samples depends neither on its slot nor on its neighbours: greedy outputs equal
     one-at-a-time generation. The schedule depends only on the sampled tokens and on which
@@ -188,6 +194,7 @@ class Engine:
             # may continue
             pause_after = max(1, round(self.pause_share * int(turn.running.sum())))
             session.decode_segment(turn, exit_after_finished=(
-                pause_after if queue or replies is not None else None))
+                pause_after if queue or replies is not None else None),
+                max_steps=REPLY_CHECK_STEPS if waiting else None)
         self.decode_steps = session.decode_steps
         return results

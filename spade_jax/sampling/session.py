@@ -318,10 +318,12 @@ class Session:
         rows = max(MIN_DECODE_ROWS, 1 << (n_running - 1).bit_length())
         return rows if self._row_subset(rows) else self.batch
 
-    def decode_segment(self, turn: Turn, exit_after_finished: int | None = None) -> None:
+    def decode_segment(self, turn: Turn, exit_after_finished: int | None = None,
+                       max_steps: int | None = None) -> None:
         """One while-loop decode over the current window for `turn`'s running rows, ending
-        early once `exit_after_finished` of them finished, or once so many finished that the
-        next segment can run on half the rows (`_program_rows`); updates `turn` and the rows."""
+        early once `exit_after_finished` of them finished, once so many finished that the
+        next segment can run on half the rows (`_program_rows`), or after `max_steps` steps;
+        updates `turn` and the rows."""
         running = turn.running
         if not running.any():
             return
@@ -361,7 +363,8 @@ class Session:
             self.sampler.state, self.sampler.fused_weights, self.cache, *head,
             per_row(self.lengths), per_row([seq[-1] for seq in self.sequences]),
             per_row([len(seq) - 1 for seq in self.sequences]), per_row(limits),
-            np.int32(self.window - longest), np.int32(exit_after), *turn.settings,
+            np.int32(min(self.window - longest, max_steps or self.window)),
+            np.int32(exit_after), *turn.settings,
             per_row(self.key_ids))
         n_gen, stopped = to_host(n_gen), to_host(stopped)
         self.decode_steps += int(to_host(steps))

@@ -110,7 +110,7 @@ class ScriptedSession:
             turn.outputs[r] = TurnOutput([], [], [], FinishReason.LENGTH)
             turn.remaining[r], turn.running[r] = limit, True
 
-    def decode_segment(self, turn, exit_after_finished=None) -> None:
+    def decode_segment(self, turn, exit_after_finished=None, max_steps=None) -> None:
         from spade_jax.sampling.session import FinishReason
 
         stop_token_ids, seed = turn.settings

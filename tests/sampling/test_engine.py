@@ -132,6 +132,37 @@ def test_a_slow_reply_holds_only_its_own_slot(sampler):
     assert [c.slot for c in served] == [0, 1, 2]
 
 
+def test_a_reply_that_comes_late_is_picked_up_within_a_few_steps(sampler):
+    class NextCollection:  # each reply is in at the second collection after its submission
+        def __init__(self):
+            self.submitted, self.out, self.turns = [], {}, {}
+
+        def submit(self, ended):
+            self.submitted.append(sorted(ended))
+            for i in ended:
+                self.turns[i] = self.turns.get(i, 0) + 1
+                self.out[i] = 2
+
+        def collect(self, *, block):
+            for i in self.out:
+                self.out[i] -= 1
+            ready = [i for i, left in self.out.items() if left <= 0 or block]
+            for i in ready:
+                del self.out[i]
+            return {i: [9] if i == 0 and self.turns[i] < 3 else None for i in ready}
+
+    replies = NextCollection()
+    # no stop token: conversation 1's one turn takes 200 steps, conversation 0's turns 2 each;
+    # conversation 1's long prompt makes the decode's window, and so its segments, long
+    requests = [Request([3, 4, 5], 2), Request([1 + j % 50 for j in range(300)], 200)]
+    served = Engine(sampler, slots=2, capacity=1024, pause_share=0.3).run(
+        requests, replies=replies)
+    # the decode pauses every REPLY_CHECK_STEPS steps while a reply is out, so conversation
+    # 0 plays its three turns long before conversation 1's answer ends
+    assert replies.submitted == [[0], [0], [0], [1]], replies.submitted
+    assert [len(c.turns) for c in served] == [3, 1]
+
+
 def test_replies_that_never_come_are_an_error(sampler):
     class Silent:
         def submit(self, ended):
