@@ -85,12 +85,12 @@ class Engine:
     only). The other slots keep their state and resume decoding, so a long answer holds only
     its own slot, and so does a slow reply: a slot waiting for `replies` sits out the decode
     segments until its reply is collected at a pause (every `REPLY_CHECK_STEPS` steps while
-    one is out). Each conversation has `capacity` cache
-    slots of its own, and its sampling keys derive from (seed, request index, position), so
-    what it samples depends neither on its slot nor on its neighbours: greedy outputs equal
-    one-at-a-time generation. The schedule depends only on the sampled tokens and on which
-    replies are in at each pause (with `on_turns`, all of them), so the hosts of a multi-host
-    run make the same program calls when their `replies` collect the same on every host.
+    one is out). Each conversation has `capacity` cache slots of its own, and its sampling
+    keys derive from (seed, request index, position), so what it samples depends neither on
+    its slot nor on its neighbours: greedy outputs equal one-at-a-time generation. The
+    schedule depends only on the sampled tokens and on which replies are in at each pause
+    (with `on_turns`, all of them), so the hosts of a multi-host run make the same program
+    calls when their `replies` collect the same on every host.
     """
 
     def __init__(self, sampler: Sampler, *, slots: int, capacity: int,

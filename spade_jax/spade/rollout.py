@@ -195,6 +195,7 @@ class _EnvironmentTurns:
         self.envs, self.starts, self.chat = envs, starts, chat
         self.max_turns, self.max_observation_tokens = max_turns, max_observation_tokens
         self.step_wait_s, self.playing = step_wait_s, playing
+        self.request = {starts[i].handle: j for j, i in enumerate(playing)}  # handle -> request
         n = len(starts)
         self.rewards: list[list[float]] = [[] for _ in range(n)]
         self.terminated = [False] * n
@@ -220,10 +221,9 @@ class _EnvironmentTurns:
         started = time.perf_counter()
         results = self.envs.collect_steps(fresh_s=self.step_wait_s,
                                           wait_s=math.inf if block else 0.0)
-        request = {self.starts[i].handle: j for j, i in enumerate(self.playing)}
         observations: dict[int, list[int] | None] = {}
         for result in results:
-            j = request[result.handle]
+            j = self.request[result.handle]
             i = self.playing[j]
             observations[j] = None
             self.continued[i] = False
