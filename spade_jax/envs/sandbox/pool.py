@@ -140,7 +140,7 @@ class EnvPool:
         self._submitted: dict[int, float] = {}  # handle of a background step -> when submitted
         self._in_flight: set[int] = set()  # handles a background thread is stepping
         self._close_after: set[int] = set()  # of those, closed: their thread kills the worker
-        self._lock = threading.Lock()  # guards the two sets
+        self._lock = threading.Lock()  # guards _in_flight and _close_after
         self._refill()
 
     # ----------------------------------------------------------------------------- public API
@@ -305,7 +305,7 @@ class EnvPool:
         job = _Job(handle, episode, requests, self.config.step_timeout_s)
         if episode is None:
             job.status, job.error = CRASHED, f"unknown or closed handle {handle}"
-        elif handle in self._in_flight:
+        elif handle in self._submitted:  # until collected, as submit_steps says
             raise ValueError(f"episode {handle} has a step in the background: collect it first")
         elif episode.ended:
             job.status, job.error = CRASHED, f"episode already ended: {episode.ended}"
