@@ -79,7 +79,7 @@ XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU option
 class DecodeDots(enum.StrEnum):
     """`sampling.cpu_decode_dots`: how XLA:CPU compiles the decode programs' dots. YNNPACK:
     XLA's default library fusions, as fast as XLA's own dot emitter or faster in every
-    `bench/sampler.py --decode-dots` A/B so far (README, performance); EMITTER: the emitter,
+    `bench/sampler.py --decode-dots` A/B so far (docs/performance.md); EMITTER: the emitter,
     for a run that measures it faster on its host. Other programs and platforms keep XLA's
     defaults."""
 
