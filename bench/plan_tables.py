@@ -2,6 +2,7 @@
 
     python bench/plan_tables.py [--contexts 8192,16384,32768]
     python bench/plan_tables.py --devices 8,16,32,64 --contexts 8192    # GPU counts
+    python bench/plan_tables.py --compiled --contexts 32768 --generations v4,v5e,v5p
 
 For every recipe config (4B, 8B, 30B-A3B, 32B) and context length (train.seq_len =
 sampling.max_context), tries power-of-two slices of 4 to 256 chips of v4, v5e, v5p and v6e with
@@ -10,17 +11,34 @@ smallest slice whose peak (`spade_jax.plan.memory_plan`, the larger of the sampl
 training phase) fits in HBM, with that peak per chip and the largest rollout batch (conversations
 sampled at once, `spade_jax.plan.max_rollout_batch`) that slice holds; or "none" with the lowest
 peak seen.
-These are the plan's figures, not a run's: the plan models the code's shapes (see its
-docstring), and `python -m spade_jax.readiness` sets them beside XLA's compiled figures.
+These are the analytic plan's figures, a model of the code's shapes (see its docstring).
+`--compiled` instead compiles each recipe's programs at full depth with the TPU compiler for
+the slice (`spade_jax.plan.compiled_plan`; needs libtpu, no TPU) and reports XLA's peak per
+chip, with the largest rollout batch from the compiled peak plus the KV cache's exact bytes
+per further row (`compiled_max_rollout_batch`). Its search starts at the analytic plan's
+smallest fitting slice: the analytic plan leaves out the programs' temporaries, so it has
+always been below the compiled figure, and a slice it refuses would not fit compiled either.
+Each compiled cell takes minutes (progress on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from spade_jax.config import load_config_file, parse
 from spade_jax.errors import ConfigError
-from spade_jax.plan import GIB, TOPOLOGIES, max_rollout_batch, memory_plan, plan_from_config
+from spade_jax.plan import (
+    GIB,
+    TOPOLOGIES,
+    compiled_max_rollout_batch,
+    compiled_plan,
+    max_rollout_batch,
+    memory_plan,
+    plan_from_config,
+    tpu_topology_devices,
+)
 
 RECIPES = (("Qwen3-4B", "4b"), ("Qwen3-8B", "8b"), ("Qwen3-30B-A3B", "30b"),
            ("Qwen3-32B", "32b_dense"))
@@ -34,14 +52,19 @@ def slice_name(generation: str, chips: int) -> str:
     return f"{'v5litepod' if generation == 'v5e' else generation}-{int(chips / chips_per_unit)}"
 
 
-def slice_plan(config: str, context: int, devices: int):
-    """(peak GiB per device, architecture, TrainShape) of `config` at `context` tokens on
-    `devices` devices; None when the config's mesh rule does not divide them."""
+def slice_run(config: str, context: int):
+    """The RunConfig of `config` with training and sampling at `context` tokens."""
     cfg = load_config_file(config)
     cfg.train.seq_len = context
     cfg.sampling.max_context = context
+    return parse(cfg)
+
+
+def slice_plan(config: str, context: int, devices: int):
+    """(peak GiB per device, architecture, TrainShape) of `config` at `context` tokens on
+    `devices` devices; None when the config's mesh rule does not divide them."""
     try:
-        arch, shape = plan_from_config(parse(cfg), devices)
+        arch, shape = plan_from_config(slice_run(config, context), devices)
     except ConfigError:
         return None
     return memory_plan(arch, shape).peak / GIB, arch, shape
@@ -71,32 +94,71 @@ def smallest_fit(config: str, context: int, generation: str) -> str:
     return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
 
 
+def compiled_fit(config: str, context: int, generation: str) -> str:
+    """`smallest_fit` from the compiled plan: from the analytic plan's smallest fitting slice
+    up, the first whose programs, compiled at full depth for the slice, fit."""
+    hbm_gib, _ = TOPOLOGIES[generation]
+    run = slice_run(config, context)
+    analytic_fits, lowest = False, None
+    for chips in CHIPS:
+        planned = slice_plan(config, context, chips)
+        if planned is None:
+            continue
+        analytic, arch, shape = planned
+        analytic_fits = analytic_fits or analytic <= hbm_gib
+        if not analytic_fits:
+            lowest = analytic if lowest is None else min(lowest, analytic)
+            continue
+        name = slice_name(generation, chips)
+        start = time.time()
+        plan = compiled_plan(run, chips, tpu_topology_devices(name))
+        peak = plan.peak / GIB
+        print(f"  {config} {context} {name}: compiled {peak:.1f} GiB (sampling "
+              f"{plan.sampling_peak / GIB:.1f}, training {plan.training_peak / GIB:.1f}; "
+              f"analytic {analytic:.1f}), {time.time() - start:.0f} s", file=sys.stderr,
+              flush=True)
+        if peak <= hbm_gib:
+            largest = compiled_max_rollout_batch(plan, arch, shape, int(hbm_gib * GIB))
+            return f"{name}: {peak:.1f} GiB, ≤ {largest}"
+        lowest = peak if lowest is None else min(lowest, peak)
+    return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="8192,16384,32768")
     parser.add_argument("--devices", default="",
                         help="e.g. 8,16,32,64: peak GiB per device at each count (GPUs) "
                              "instead of the TPU tables")
+    parser.add_argument("--compiled", action="store_true",
+                        help="compile each cell's programs for the slice (TPU compiler, needs "
+                             "libtpu) instead of the analytic plan; minutes per cell")
+    parser.add_argument("--generations", default=",".join(GENERATIONS))
+    parser.add_argument("--recipes", default=",".join(name for _, name in RECIPES),
+                        help="config names, e.g. 4b,30b")
     args = parser.parse_args()
+    generations = args.generations.split(",")
+    recipes = [(label, name) for label, name in RECIPES if name in args.recipes.split(",")]
+    fit = compiled_fit if args.compiled else smallest_fit
     if args.devices:
         counts = [int(n) for n in args.devices.split(",")]
         for context in (int(c) for c in args.contexts.split(",")):
             print(f"\nContext {context} tokens, peak GiB per device:\n")
             print("| model | " + " | ".join(f"{n} devices" for n in counts) + " |")
             print("|---" * (len(counts) + 1) + "|")
-            for label, config in RECIPES:
+            for label, config in recipes:
                 peaks = [peak_gib(config, context, n) for n in counts]
                 cells = " | ".join("—" if p is None else f"{p:.1f}" for p in peaks)
                 print(f"| {label} | {cells} |")
         return
     for context in (int(c) for c in args.contexts.split(",")):
         print(f"\nContext {context} tokens:\n")
-        heads = " | ".join(f"{g} ({TOPOLOGIES[g][0]} GiB/chip)" for g in GENERATIONS)
+        heads = " | ".join(f"{g} ({TOPOLOGIES[g][0]} GiB/chip)" for g in generations)
         print(f"| model | {heads} |")
-        print("|---" * (len(GENERATIONS) + 1) + "|")
-        for label, config in RECIPES:
-            cells = " | ".join(smallest_fit(config, context, g) for g in GENERATIONS)
-            print(f"| {label} (`{config}.py`) | {cells} |")
+        print("|---" * (len(generations) + 1) + "|")
+        for label, config in recipes:
+            cells = " | ".join(fit(config, context, g) for g in generations)
+            print(f"| {label} (`{config}.py`) | {cells} |", flush=True)
 
 
 if __name__ == "__main__":

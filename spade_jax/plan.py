@@ -3,10 +3,14 @@
     python -m spade_jax.plan --config=configs/30b.py --topology=v5p-64
     python -m spade_jax.plan --config=configs/8b.py --devices=16 --hbm-gib=32
     python -m spade_jax.plan --config=configs/30b.py --topology=v5p-64 --compiled
+    python -m spade_jax.plan --config=configs/30b.py --topology=v5p-64 --compiled \
+        --compiled_layers=2
 
 `--compiled` adds the plan derived from the code itself (`compiled_plan`): XLA's per-device
 memory analysis of the compiled train step and sampler programs at the config's true widths
-at 2 and 3 layers, extrapolated per layer, plus the resident state. With libtpu installed
+and depth, plus the resident state; `--compiled_layers=N` compiles them at N and N + 1 layers
+instead and extrapolates per layer (quicker, but it overstates programs whose temporaries stop
+growing with depth). With libtpu installed
 (`pip install -e .[tpu]`; no TPU needed) the programs are compiled ahead of time by the TPU
 compiler for the slice's topology (`tpu_topology_devices`), which is the buffer assignment a
 pod run gets; otherwise (or with --compile_for=cpu) on as many fake CPU devices as the slice
@@ -236,6 +240,20 @@ def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> in
     return max(0, free // per_step) * step if per_step else 0
 
 
+def compiled_max_rollout_batch(plan: CompiledPlan, cfg: ModelConfig, shape: TrainShape,
+                               hbm_bytes: int) -> int:
+    """Largest sampler batch whose sampling peak fits `hbm_bytes`, from `plan` compiled at
+    `shape.rollout_batch`: each further multiple of the KV cache's batch shards adds its cache
+    bytes (exact, from the shapes), with the programs' other buffers as compiled."""
+    sizes = dict(zip(MESH_AXES, shape.mesh, strict=True))
+    step = math.prod(sizes[a] for a in kv_cache_axes(cfg.n_kv_heads, sizes)[0])
+    one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
+    per_step = one.kv_cache + one.kv_row_copy
+    rows = -(-shape.rollout_batch // step) * step
+    steps = (hbm_bytes - plan.sampling_peak) // per_step
+    return max(0, rows + steps * step)
+
+
 def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: float) -> str:
     """A human-readable report of `plan` with its verdict against `hbm_gib` per device."""
     g = lambda b: f"{b / GIB:9.2f} GiB"  # noqa: E731
@@ -279,30 +297,42 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
 
 
 SAMPLER_PROGRAMS = ("sampler.extend", "sampler.decode")
-BASE_LAYERS = 2  # the compiled plan's programs are compiled at 2 and 3 decoder layers
+MIN_COMPILED_LAYERS = 2  # XLA compiles a one-step layer loop as straight-line code, whose
+# buffers are not on the line through deeper programs
 
 
 @dataclasses.dataclass(frozen=True)
 class CompiledPlan:
     """Per-device bytes from XLA's memory analysis of the compiled programs (the code itself,
     not a model of it): each program's peak (arguments + outputs - donated + temporaries) at
-    `BASE_LAYERS` and one more decoder layer of the config's true widths, extrapolated linearly
-    to `layers`, plus what stays resident beside it (exact, from the full-depth abstract
-    state's shardings). Not 1 layer: XLA compiles a one-step layer loop as straight-line code,
-    whose buffers are not on the line through deeper programs."""
+    the config's true widths, plus what stays resident beside it (exact, from the full-depth
+    abstract state's shardings). Compiled at the config's depth the peaks are exact; compiled
+    at `compiled_layers` and one more layer they are extrapolated linearly, which overstates a
+    program whose temporaries stop growing after a few layers (the TPU extend's per-layer
+    cache copies do)."""
 
     layers: int
+    compiled_layers: int  # the depth the programs were compiled at (== layers: exact)
     platform: str  # the compiler's: "tpu" (ahead of time for the topology) or "cpu" (fake CPUs)
-    program_peaks: dict[str, tuple[int, int]]  # program -> peak at BASE_LAYERS and one more
+    # program -> (peak at compiled_layers, bytes per further layer; None when compiled at the
+    # config's depth)
+    program_peaks: dict[str, tuple[int, int | None]]
     parameters: int  # master weights at full depth
     optimizer: int  # AdamW state at full depth
     sampler_weights: int  # the sampler's compute-dtype copy (0: it shares the masters)
     reference_weights: int  # KL's frozen copy (an argument of the train step, not the sampler)
 
     def program_peak(self, name: str, layers: int | None = None) -> int:
-        """`name`'s peak at `layers` (default: the config's depth), one layer's slope added."""
-        one, two = self.program_peaks[name]
-        return one + ((layers or self.layers) - BASE_LAYERS) * (two - one)
+        """`name`'s peak at `layers` (default: the config's depth): the compiled figure, plus
+        one layer's slope per layer beyond it where the plan extrapolates."""
+        peak, per_layer = self.program_peaks[name]
+        layers = layers or self.layers
+        if layers == self.compiled_layers:
+            return peak
+        if per_layer is None:
+            raise ValueError(f"{name} was compiled at {self.compiled_layers} layers only; "
+                             f"compile at fewer to extrapolate to {layers}")
+        return peak + (layers - self.compiled_layers) * per_layer
 
     @property
     def sampling_peak(self) -> int:
@@ -323,31 +353,38 @@ class CompiledPlan:
         return max(self.sampling_peak, self.training_peak)
 
 
-def compiled_plan(run, n_devices: int, devices=None) -> CompiledPlan:
+def compiled_plan(run, n_devices: int, devices=None, layers: int | None = None) -> CompiledPlan:
     """The `CompiledPlan` of a RunConfig on `n_devices` (of `devices`: None for the visible
     ones, e.g. fake CPUs, or a TPU topology's from `tpu_topology_devices`): compiles the train
     step (one micro-batch of train.seq_len tokens: `spade.batch.train_groups`' largest call)
     and the sampler's extend (its widest chunk, `Sampler.extend_width`) and decode (the
-    rollout batch over sampling.max_context slots) at `BASE_LAYERS` and one more layer with
-    `spade_jax.readiness.check`."""
+    rollout batch over sampling.max_context slots) with `spade_jax.readiness.check`, at the
+    config's depth, or at `layers` and one more layer to extrapolate from."""
     from spade_jax.readiness import check
 
+    depth = run.model.arch.n_layers
+    if layers is not None and layers < MIN_COMPILED_LAYERS:
+        raise ValueError(f"compiled layers {layers}: compile at least {MIN_COMPILED_LAYERS} "
+                         "(a one-layer program is straight-line code)")
+    depths = [None] if layers is None or layers + 1 >= depth else [layers, layers + 1]
     peaks: dict[str, list[int]] = {}
-    for layers in (BASE_LAYERS, BASE_LAYERS + 1):
-        reports, summary = check(run, n_devices, layers=layers, seq_len=None, micro_batches=1,
-                                 devices=devices)
+    for compiled_layers in depths:
+        reports, summary = check(run, n_devices, layers=compiled_layers, seq_len=None,
+                                 micro_batches=1, devices=devices)
         for report in reports:
             if not report.memory:
                 raise RuntimeError(f"this backend gives no memory analysis of {report.name}: "
                                    "run the plan on CPU")
             peaks.setdefault(report.name, []).append(report.memory["peak"])
+    program_peaks = {name: (found[0], found[1] - found[0] if len(found) > 1 else None)
+                     for name, found in peaks.items()}
     full = summary["full_state"]
     ratio = jnp.dtype(run.model.compute_dtype).itemsize / jnp.dtype(
         run.model.param_dtype).itemsize
     copy = int(full["params_bytes"] * ratio)
     return CompiledPlan(
-        layers=full["layers"], platform=(devices or jax.devices())[0].platform,
-        program_peaks={k: tuple(v) for k, v in peaks.items()},
+        layers=full["layers"], compiled_layers=depths[0] or depth,
+        platform=(devices or jax.devices())[0].platform, program_peaks=program_peaks,
         parameters=full["params_bytes"], optimizer=full["optimizer_bytes"],
         sampler_weights=copy if ratio != 1 else 0,
         reference_weights=copy if run.train.kl_coef else 0)
@@ -356,12 +393,15 @@ def compiled_plan(run, n_devices: int, devices=None) -> CompiledPlan:
 def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
     """A report of `plan` and its verdict against `hbm_gib` per device."""
     g = lambda b: f"{b / GIB:9.2f} GiB"  # noqa: E731
-    lines = [f"compiled programs ({plan.platform.upper()} compiler's memory analysis at "
-             f"{BASE_LAYERS} and {BASE_LAYERS + 1} layers, extrapolated to {plan.layers}), per "
-             "device:"]
-    for name, (one, two) in plan.program_peaks.items():
-        lines.append(f"  {name:<16}{g(plan.program_peak(name))}   ({one / GIB:.2f} GiB at "
-                     f"{BASE_LAYERS} layers, {(two - one) / GIB:+.3f} GiB per layer)")
+    exact = plan.compiled_layers == plan.layers
+    depth = (f"its {plan.layers} layers" if exact else f"{plan.compiled_layers} and "
+             f"{plan.compiled_layers + 1} layers, extrapolated to {plan.layers}")
+    lines = [f"compiled programs ({plan.platform.upper()} compiler's memory analysis at {depth}), "
+             "per device:"]
+    for name, (peak, per_layer) in plan.program_peaks.items():
+        slope = "" if exact else (f"   ({peak / GIB:.2f} GiB at {plan.compiled_layers} layers, "
+                                  f"{per_layer / GIB:+.3f} GiB per layer)")
+        lines.append(f"  {name:<16}{g(plan.program_peak(name))}{slope}")
     lines += [
         f"  parameters      {g(plan.parameters)}   resident (full depth)",
         f"  optimizer       {g(plan.optimizer)}   resident (full depth)",
@@ -475,6 +515,8 @@ def main(argv) -> None:
         "libtpu") else "cpu")
     if compile_for == "tpu" and not FLAGS.topology:
         raise ConfigError("--compile_for=tpu needs --topology (the slice to compile for)")
+    if FLAGS.compiled_layers and not FLAGS.compiled:
+        raise ConfigError("--compiled_layers needs --compiled")
     if FLAGS.compiled and compile_for == "cpu":
         from spade_jax.readiness import ensure_devices
 
@@ -484,7 +526,8 @@ def main(argv) -> None:
     print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
     if FLAGS.compiled:
         devices = tpu_topology_devices(FLAGS.topology) if compile_for == "tpu" else None
-        print(format_compiled_plan(compiled_plan(run, n_devices, devices), hbm_gib))
+        print(format_compiled_plan(
+            compiled_plan(run, n_devices, devices, layers=FLAGS.compiled_layers), hbm_gib))
 
 
 def _define_flags() -> None:
@@ -495,9 +538,12 @@ def _define_flags() -> None:
     flags.DEFINE_string("topology", None, "TPU slice: v4-N, v5p-N (N cores), v5e-N or v6e-N")
     flags.DEFINE_integer("devices", None, "number of devices (instead of --topology)")
     flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB (with --devices)")
-    flags.DEFINE_bool("compiled", False, "also compile the train step and sampler programs at 2 "
-                      "and 3 layers and extrapolate XLA's per-device memory analysis (minutes "
+    flags.DEFINE_bool("compiled", False, "also compile the train step and sampler programs at "
+                      "the config's depth and report XLA's per-device memory analysis (minutes "
                       "for a 30B config)")
+    flags.DEFINE_integer("compiled_layers", None, "with --compiled: compile at this many layers "
+                         "and one more and extrapolate per layer instead (quicker; overstates "
+                         "programs whose temporaries stop growing with depth)", lower_bound=2)
     flags.DEFINE_enum("compile_for", None, ["tpu", "cpu"], "--compiled's compiler: tpu (ahead "
                       "of time for --topology; needs libtpu, no TPU) or cpu (fake CPU devices); "
                       "default tpu when libtpu is installed")
