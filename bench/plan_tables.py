@@ -113,11 +113,12 @@ def compiled_fit(config: str, context: int, generation: str) -> str:
         start = time.time()
         plan = compiled_plan(run, chips, tpu_topology_devices(name))
         peak = plan.peak / GIB
+        refused = f", refused: {', '.join(plan.refused)}" if plan.refused else ""
         print(f"  {config} {context} {name}: compiled {peak:.1f} GiB (sampling "
               f"{plan.sampling_peak / GIB:.1f}, training {plan.training_peak / GIB:.1f}; "
-              f"analytic {analytic:.1f}), {time.time() - start:.0f} s", file=sys.stderr,
-              flush=True)
-        if peak <= hbm_gib:
+              f"analytic {analytic:.1f}{refused}), {time.time() - start:.0f} s",
+              file=sys.stderr, flush=True)
+        if plan.fits(hbm_gib * GIB):
             largest = compiled_max_rollout_batch(plan, arch, shape, int(hbm_gib * GIB))
             return f"{name}: {peak:.1f} GiB, ≤ {largest}"
         lowest = peak if lowest is None else min(lowest, peak)

@@ -88,8 +88,11 @@ def tpu_topology_devices(name: str) -> list:
     from jax.experimental import topologies
 
     shape = "x".join(map(str, _topology_dims(chips, rank)))
-    return list(topologies.get_topology_desc(platform="tpu",
-                                             topology_name=f"{generation}:{shape}").devices)
+    # v4's two TensorCores per chip are separate devices unless asked for as one (megacore),
+    # which is what JAX's meshes need; v5p's are one device already
+    chip_config = {"chip_config_name": "megacore"} if generation == "v4" else {}
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=f"{generation}:{shape}",
+                                             **chip_config).devices)
 
 
 def topology_devices(name: str) -> tuple[int, float]:
@@ -321,6 +324,12 @@ class CompiledPlan:
     optimizer: int  # AdamW state at full depth
     sampler_weights: int  # the sampler's compute-dtype copy (0: it shares the masters)
     reference_weights: int  # KL's frozen copy (an argument of the train step, not the sampler)
+    # program -> the TPU compiler's message where it refused the program for not fitting the
+    # chip's HBM; its peak above is then only the temporaries the message names
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def fits(self, hbm_bytes: float) -> bool:
+        return not self.refused and self.peak <= hbm_bytes
 
     def program_peak(self, name: str, layers: int | None = None) -> int:
         """`name`'s peak at `layers` (default: the config's depth): the compiled figure, plus
@@ -368,10 +377,15 @@ def compiled_plan(run, n_devices: int, devices=None, layers: int | None = None) 
                          "(a one-layer program is straight-line code)")
     depths = [None] if layers is None or layers + 1 >= depth else [layers, layers + 1]
     peaks: dict[str, list[int]] = {}
+    refused: dict[str, str] = {}
     for compiled_layers in depths:
         reports, summary = check(run, n_devices, layers=compiled_layers, seq_len=None,
                                  micro_batches=1, devices=devices)
         for report in reports:
+            if report.refused:
+                refused[report.name] = report.refused
+                peaks.setdefault(report.name, []).append(report.refused_temp_bytes)
+                continue
             if not report.memory:
                 raise RuntimeError(f"this backend gives no memory analysis of {report.name}: "
                                    "run the plan on CPU")
@@ -387,7 +401,7 @@ def compiled_plan(run, n_devices: int, devices=None, layers: int | None = None) 
         platform=(devices or jax.devices())[0].platform, program_peaks=program_peaks,
         parameters=full["params_bytes"], optimizer=full["optimizer_bytes"],
         sampler_weights=copy if ratio != 1 else 0,
-        reference_weights=copy if run.train.kl_coef else 0)
+        reference_weights=copy if run.train.kl_coef else 0, refused=refused)
 
 
 def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
@@ -399,6 +413,10 @@ def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
     lines = [f"compiled programs ({plan.platform.upper()} compiler's memory analysis at {depth}), "
              "per device:"]
     for name, (peak, per_layer) in plan.program_peaks.items():
+        if name in plan.refused:
+            lines.append(f"  {name:<16}>= {peak / GIB:.2f} GiB   refused by the compiler: "
+                         f"{plan.refused[name]}")
+            continue
         slope = "" if exact else (f"   ({peak / GIB:.2f} GiB at {plan.compiled_layers} layers, "
                                   f"{per_layer / GIB:+.3f} GiB per layer)")
         lines.append(f"  {name:<16}{g(plan.program_peak(name))}{slope}")
@@ -410,11 +428,12 @@ def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:
         f"  sampling peak   {g(plan.sampling_peak)}   sampler program + optimizer + copies",
         f"  training peak   {g(plan.training_peak)}   train step + sampler copy",
     ]
-    verdict = "fits" if plan.peak <= hbm_gib * GIB else "does NOT fit"
+    verdict = "fits" if plan.fits(hbm_gib * GIB) else "does NOT fit"
     note = ("the TPU compiler's buffer assignment" if plan.platform == "tpu" else
             "CPU buffer assignment, which holds float32 copies a TPU does not")
-    lines.append(f"verdict (compiled): {verdict} ({plan.peak / GIB:.1f} of {hbm_gib:g} GiB per "
-                 f"device; {note})")
+    at_least = ">= " if plan.refused else ""
+    lines.append(f"verdict (compiled): {verdict} ({at_least}{plan.peak / GIB:.1f} of {hbm_gib:g} "
+                 f"GiB per device; {note})")
     return "\n".join(lines)
 
 

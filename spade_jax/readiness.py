@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,11 +38,23 @@ class ProgramReport:
     compile_s: float | None = None
     memory: dict[str, int] | None = None
     flops: float | None = None  # per device, XLA's cost analysis of the compiled program
+    refused: str | None = None  # the compiler's words when the program does not fit its HBM
+
+    @property
+    def refused_temp_bytes(self) -> int:
+        """The temporaries a refused program needs (the TPU compiler's figure; its arguments
+        come on top), 0 when the message gives none."""
+        match = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", self.refused or "")
+        if match is None:
+            return 0
+        return int(float(match.group(1)) * 1024 ** ("KMGT".index(match.group(2)) + 1))
 
     def line(self) -> str:
         head = f"{self.name:<14} lowered in {self.lower_s:5.1f}s"
         if self.compile_s is None:
             return head + ", not compiled"
+        if self.refused:
+            return f"{head}, refused by the compiler in {self.compile_s:5.1f}s: {self.refused}"
         head += f", compiled OK in {self.compile_s:5.1f}s"
         if not self.memory:
             return head + " (no memory analysis on this backend)"
@@ -274,9 +287,17 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
         lowered, lower_s = _timed(lower)
         report = ProgramReport(name, lower_s)
         if compile_programs:
-            compiled, report.compile_s = _timed(lowered.compile)
-            report.memory = memory_figures(compiled)
-            report.flops = float(compiled.cost_analysis().get("flops", 0.0)) or None
+            start = time.perf_counter()
+            try:
+                compiled = lowered.compile()
+            except jax.errors.JaxRuntimeError as err:  # the TPU compiler checks its HBM
+                if "RESOURCE_EXHAUSTED" not in str(err):
+                    raise
+                report.refused = str(err).strip()
+            report.compile_s = time.perf_counter() - start
+            if not report.refused:
+                report.memory = memory_figures(compiled)
+                report.flops = float(compiled.cost_analysis().get("flops", 0.0)) or None
         reports.append(report)
     summary = dict(mesh=dict(mesh.shape), layers=model_cfg.n_layers, n_params=n_params,
                    train_batch=(rows, seq_len), micro_batches=micro_batches,

@@ -20,6 +20,7 @@ from spade_jax.plan import (
     topology_devices,
     tpu_topology_devices,
 )
+from spade_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
                   head_dim=32, ffn_dim=512, tie_embeddings=True, family="llama")
@@ -51,6 +52,10 @@ def test_tpu_topology_shapes_and_devices():
     else:
         devices = tpu_topology_devices("v5p-64")
         assert len(devices) == 32 and {d.platform for d in devices} == {"tpu"}
+        # one device per chip on v4 too (megacore), as JAX's TPU meshes need
+        v4 = tpu_topology_devices("v4-64")
+        assert len(v4) == 32 and len({tuple(d.coords) for d in v4}) == 32
+        assert make_mesh((1, 4, 8), v4).devices.size == 32
 
 
 def test_parameter_bytes_follow_the_shardings():
@@ -179,19 +184,22 @@ def test_a_run_asking_for_more_plays_than_memory_holds_stops_before_loading(tmp_
     assert not (tmp_path / "run").exists()  # refused before the model, the pool or a file
 
 
-def _small_run(layers: int):
+def _small_run(layers: int, *, head_dim: int = 32, mesh=(1, 4, 2), context: int = 1024,
+               plays: int = 2):
     """A config whose decoder layers weigh in the programs' memory (d_model 256, vocab 1024),
-    on a (1, 4, 2) mesh of the 8 fake CPU devices, with bf16 compute (a sampler copy)."""
+    by default on a (1, 4, 2) mesh of the 8 fake CPU devices, with bf16 compute (a sampler
+    copy); its rollout batch is 4 environments x (`plays` + 2 hint plays)."""
     from spade_jax.config import arch, load_config_file, parse
 
     c = load_config_file("tiny")
     c.model.arch = arch(vocab_size=1024, d_model=256, n_layers=layers, n_heads=8, n_kv_heads=4,
-                        head_dim=32, ffn_dim=1024, rope_theta=10000.0, rms_eps=1e-5,
+                        head_dim=head_dim, ffn_dim=1024, rope_theta=10000.0, rms_eps=1e-5,
                         tie_embeddings=True, family="llama")
     c.model.compute_dtype = "bfloat16"
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 4, 2
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
     c.train.seq_len = 256
-    c.sampling.max_context = 1024
+    c.sampling.max_context = context
+    c.spade.plays_per_env = plays
     return parse(c)
 
 
@@ -226,3 +234,24 @@ def test_compiled_plan_is_exact_at_depth_and_extrapolates_within_10_percent():
         assert plan.sampling_peak == max(plan.program_peak(n) for n in SAMPLER_PROGRAMS) + \
             plan.optimizer + plan.parameters
         assert plan.training_peak == plan.program_peak("train_step") + plan.sampler_weights
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="needs libtpu: pip install -e .[tpu]")
+def test_a_program_the_tpu_compiler_refuses_is_reported_as_not_fitting():
+    """64 conversations of 262,144 slots on a v5e-4 (16 GiB chips): the TPU compiler refuses
+    the extend (RESOURCE_EXHAUSTED, its temporaries alone over the chip's HBM). The compiled
+    plan goes on, names the program with the compiler's words and its figure as a lower bound,
+    and says the config does not fit, where it used to die with the compiler's error."""
+    from spade_jax.plan import GIB, compiled_plan, format_compiled_plan
+
+    run = _small_run(layers=2, head_dim=128, mesh=(1, 4, 1), context=262144, plays=14)
+    assert run.rollout_batch == 64
+    plan = compiled_plan(run, 4, tpu_topology_devices("v5e-4"))
+    assert "RESOURCE_EXHAUSTED" in plan.refused["sampler.extend"]
+    assert "train_step" not in plan.refused
+    assert plan.program_peak("sampler.extend") > 16 * GIB
+    assert not plan.fits(16 * GIB)
+    report = format_compiled_plan(plan, 16)
+    assert "sampler.extend  >= " in report and "refused by the compiler" in report
+    assert "verdict (compiled): does NOT fit (>= " in report

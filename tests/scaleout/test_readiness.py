@@ -1,5 +1,6 @@
 """30B-A3B readiness without the hardware: abstract state, lowering, CPU compile, memory plan."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -174,3 +175,20 @@ def test_dropless_moe_chunks_keep_the_30b_extend_small(monkeypatch):
     whole = _extend_peak_gib_30b_widths()
     print(f"extend peak: chunked {chunked:.2f} GiB, one buffer {whole:.2f} GiB")
     assert chunked < 6.0 and whole > 3 * chunked, (chunked, whole)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="needs libtpu: pip install -e .[tpu]")
+def test_an_fsdp_only_extend_keeps_its_rows_split():
+    """configs/4b.py splits everything over fsdp (32 on v5p-64). Its extend, compiled by the
+    TPU compiler at 2 layers, once computed every row's MLP on every device (f32 [576, 3072,
+    9728] temporaries: 65.3 GiB, 1.1e13 FLOPs per device, refused at full depth); with the
+    extend's rows held split over the batch axes it needs 5.4 GiB and 1.6e12 FLOPs."""
+    from spade_jax.plan import tpu_topology_devices
+    from spade_jax.readiness import check
+
+    run = parse(load_config_file("4b"))
+    [report], _ = check(run, 32, layers=2, seq_len=None, micro_batches=1,
+                        programs=("sampler.extend",), devices=tpu_topology_devices(TOPOLOGY))
+    assert report.memory["temp"] < 10 * (1 << 30), report.memory
+    assert report.flops < 3e12, report.flops
