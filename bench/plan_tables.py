@@ -99,7 +99,7 @@ def compiled_fit(config: str, context: int, generation: str) -> str:
     up, the first whose programs, compiled at full depth for the slice, fit."""
     hbm_gib, _ = TOPOLOGIES[generation]
     run = slice_run(config, context)
-    analytic_fits, lowest = False, None
+    analytic_fits, lowest, compiled_lowest = False, None, None
     for chips in CHIPS:
         planned = slice_plan(config, context, chips)
         if planned is None:
@@ -121,8 +121,10 @@ def compiled_fit(config: str, context: int, generation: str) -> str:
         if plan.fits(hbm_gib * GIB):
             largest = compiled_max_rollout_batch(plan, arch, shape, int(hbm_gib * GIB))
             return f"{name}: {peak:.1f} GiB, ≤ {largest}"
-        lowest = peak if lowest is None else min(lowest, peak)
-    return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
+        compiled_lowest = peak if compiled_lowest is None else min(compiled_lowest, peak)
+    if compiled_lowest is not None:
+        return f"none (≥ {compiled_lowest:.1f} GiB compiled)"
+    return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB, analytic)"
 
 
 def main() -> None:

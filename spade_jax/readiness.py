@@ -262,7 +262,6 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = -(-t.micro_batch // dp) * dp * micro_batches
     seq_len = int(seq_len or t.seq_len)
-    rollout_batch = -(-(rollout_batch or run_cfg.rollout_batch) // dp) * dp
     context = int(context or run_cfg.sampling.max_context)
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
 
@@ -270,6 +269,10 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     step = TrainStep(model_cfg, optimizer, mesh, t, micro_batches=micro_batches,
                      compute_dtype=compute_dtype)
     sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype=compute_dtype)
+    # padded as a Session pads it: to the axes the KV cache's batch is split over (all three
+    # where the KV heads are too few for 'tensor'); unpadded, the cache would be replicated
+    shards = sampler.batch_multiple
+    rollout_batch = -(-(rollout_batch or run_cfg.rollout_batch) // shards) * shards
     reference = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype,
                                                              sharding=x.sharding), state.params)
                  if t.kl_coef else None)

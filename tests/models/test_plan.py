@@ -255,3 +255,17 @@ def test_a_program_the_tpu_compiler_refuses_is_reported_as_not_fitting():
     report = format_compiled_plan(plan, 16)
     assert "sampler.extend  >= " in report and "refused by the compiler" in report
     assert "verdict (compiled): does NOT fit (>= " in report
+
+
+def test_readiness_pads_the_rollout_batch_as_a_session_does():
+    """With 4 KV heads on tensor = 8 the cache's batch is split over every axis (8 ways): the
+    12 conversations are lowered as 16 rows, as `Session` pads them, not as 12 rows that the
+    cache could only hold replicated (on 256 chips that made the 30B decode's cache 36 GiB per
+    device at 16k slots instead of 0.2)."""
+    from spade_jax.readiness import check
+
+    run = _small_run(layers=2, mesh=(1, 1, 8), plays=1)
+    assert run.rollout_batch == 12
+    _, summary = check(run, 8, layers=None, seq_len=None, micro_batches=1,
+                       programs=("sampler.decode",), compile_programs=False)
+    assert summary["rollout_batch"] == 16
