@@ -128,7 +128,11 @@ def test_readme_pod_runs_are_valid_dry_runs():
     assert {_flag(args, "--accelerator-type") for _, args in runs} >= {"v5p-64",
                                                                        "v5litepod-256"}
     for env, args in runs:
-        result = _run(GCP / "pod_run.sh", [a for a in args if a != "--dry-run"] + ["--dry-run"],
-                      env, cwd=GCP.parents[1])
+        args = [a for a in args if a != "--dry-run"]
+        cut = args.index("--") if "--" in args else len(args)  # train.py's arguments after --
+        result = _run(GCP / "pod_run.sh", [*args[:cut], "--dry-run", *args[cut:]], env,
+                      cwd=GCP.parents[1])
         assert result.returncode == 0, (args, result.stderr)
         assert [t.split()[0] for t, _ in steps(result.stdout)][-2:] == ["resume", "the"]
+        for train_arg in args[cut + 1:]:  # the v5e recipe's 8k context reaches train.py
+            assert train_arg in result.stdout, train_arg
