@@ -232,12 +232,18 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
     )
 
 
+def _rollout_step(cfg: ModelConfig, shape: TrainShape) -> tuple[int, MemoryPlan]:
+    """(rows per step of the sampler batch: the axes the KV cache's batch is split over, the
+    plan of one such step)."""
+    sizes = dict(zip(MESH_AXES, shape.mesh, strict=True))
+    step = math.prod(sizes[a] for a in kv_cache_axes(cfg.n_kv_heads, sizes)[0])
+    return step, memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
+
+
 def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> int:
     """Largest sampler batch (a multiple of the axes the KV cache's batch is split over)
     whose sampling peak fits `hbm_bytes`."""
-    sizes = dict(zip(MESH_AXES, shape.mesh, strict=True))
-    step = math.prod(sizes[a] for a in kv_cache_axes(cfg.n_kv_heads, sizes)[0])
-    one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
+    step, one = _rollout_step(cfg, shape)
     per_step = one.kv_cache + one.kv_row_copy
     free = hbm_bytes - one.resident
     return max(0, free // per_step) * step if per_step else 0
@@ -248,12 +254,9 @@ def compiled_max_rollout_batch(plan: CompiledPlan, cfg: ModelConfig, shape: Trai
     """Largest sampler batch whose sampling peak fits `hbm_bytes`, from `plan` compiled at
     `shape.rollout_batch`: each further multiple of the KV cache's batch shards adds its cache
     bytes (exact, from the shapes), with the programs' other buffers as compiled."""
-    sizes = dict(zip(MESH_AXES, shape.mesh, strict=True))
-    step = math.prod(sizes[a] for a in kv_cache_axes(cfg.n_kv_heads, sizes)[0])
-    one = memory_plan(cfg, dataclasses.replace(shape, rollout_batch=step))
-    per_step = one.kv_cache + one.kv_row_copy
+    step, one = _rollout_step(cfg, shape)
     rows = -(-shape.rollout_batch // step) * step
-    steps = (hbm_bytes - plan.sampling_peak) // per_step
+    steps = (hbm_bytes - plan.sampling_peak) // (one.kv_cache + one.kv_row_copy)
     return max(0, rows + steps * step)
 
 

@@ -241,14 +241,15 @@ def unrolled_forward(
     # propagation from FSDP-sharded weights computed every row's activations on every device.
     # A decode step's single token is left to it (it keeps the rows split there, and the
     # constraint cost the TPU decode temporaries).
-    rows_split = (lambda a: constrain(a, ROWS_SPLIT)) if tokens.shape[1] > 1 else (lambda a: a)
-    x = rows_split(jnp.take(model.embed[...], tokens, axis=0).astype(dtype))
+    split_rows = tokens.shape[1] > 1
+    x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
     mask = SlotMask(kv_mask, cache_index)
     new_cache = []
     for params, layer_cache in zip(layer_params, cache, strict=True):
+        if split_rows:
+            x = constrain(x, ROWS_SPLIT)
         x, kv, _ = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index,
                                  layout)
-        x = rows_split(x)
         new_cache.append(kv)
     return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache
 
