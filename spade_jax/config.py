@@ -26,7 +26,8 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
-from spade_jax.sampling.sampler import DecodeDots
+from spade_jax.sampling.programs import MIN_BUCKET
+from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.seeding import check_seed
 from spade_jax.spade.hints import HintMode, HintSchedule
@@ -120,6 +121,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampling.validator_top_k = 20
     c.sampling.validator_max_new_tokens = 16384
     c.sampling.max_context = 32768
+    # Tokens one prefill / observation-append call computes per device (its rows x width);
+    # longer prompts are written in successive chunks. A narrower extend holds fewer
+    # temporaries: `python -m spade_jax.plan --compiled` prints the extend's peak per device.
+    c.sampling.prefill_tokens = PREFILL_TOKENS_PER_DEVICE
     # On CPU only: the decode programs' dots through YNNPACK's fusions (XLA's default) or
     # XLA's own dot emitter, see spade_jax/sampling/sampler.py.
     c.sampling.cpu_decode_dots = DecodeDots.YNNPACK.value
@@ -343,6 +348,7 @@ class SamplingConfig:
     validator_top_k: int = 20
     validator_max_new_tokens: int = 16384
     max_context: int = 32768
+    prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE
     cpu_decode_dots: DecodeDots | None = DecodeDots.YNNPACK
 
     def decoding(self, role: str) -> Decoding:
@@ -371,6 +377,9 @@ class SamplingConfig:
     def problems(self) -> list[str]:
         keys = [f"{r}_max_new_tokens" for r in ROLES] + ["max_context"]
         out = [f"{k}={getattr(self, k)} must be >= 1" for k in keys if getattr(self, k) < 1]
+        if self.prefill_tokens < MIN_BUCKET:
+            out.append(f"prefill_tokens={self.prefill_tokens} must be >= {MIN_BUCKET} (the "
+                       "narrowest extend)")
         for role in ROLES:
             top_p, top_k = getattr(self, f"{role}_top_p"), getattr(self, f"{role}_top_k")
             if not 0.0 < top_p <= 1.0:

@@ -53,6 +53,22 @@ def test_every_problem_is_reported_at_once_with_its_key_path():
     assert "sampling.max_context=0 must be >= 1" in found
 
 
+def test_the_prefill_budget_is_checked_and_reaches_the_runtimes_sampler():
+    """`sampling.prefill_tokens` below one bucket is refused; a valid one is the budget of the
+    sampler the run decodes with (its extends of one row are that wide)."""
+    import jax
+
+    from spade_jax.spade.runtime import Runtime
+
+    assert problems_of(tiny(**{"sampling.prefill_tokens": 8})) == [
+        "sampling.prefill_tokens=8 must be >= 16 (the narrowest extend)"]
+    rt = Runtime.create(parse(tiny(**{"sampling.prefill_tokens": 32}), 1), jax.devices()[:1])
+    try:
+        assert rt.sampler.prefill_tokens == 32 and rt.sampler.extend_width(1) == 32
+    finally:
+        rt.close()
+
+
 @pytest.mark.parametrize("wait", [-1.0, float("nan")])
 def test_a_negative_step_wait_is_refused_and_inf_means_lockstep(wait):
     assert problems_of(tiny(**{"sandbox.step_wait_s": wait})) == [
