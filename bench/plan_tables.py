@@ -9,8 +9,10 @@ sampling.max_context), tries power-of-two slices of 4 to 256 chips of v4, v5e, v
 the config's own mesh rule and rollout batch, and prints a Markdown table per context: the
 smallest slice whose peak (`spade_jax.plan.memory_plan`, the larger of the sampling and the
 training phase) fits in HBM, with that peak per chip and the largest rollout batch (conversations
-sampled at once, `spade_jax.plan.max_rollout_batch`) that slice holds; or "none" with the lowest
-peak seen.
+sampled at once, `spade_jax.plan.max_rollout_batch`) that slice holds. Where the recipe's
+mesh fits no slice, the smallest slice that another tensor width fits, named in the cell
+("v5litepod-256 (tensor 4): ..."; `spade_jax.plan.tensor_alternatives`); else "none" with the
+lowest peak seen.
 These are the analytic plan's figures, a model of the code's shapes (see its docstring).
 `--compiled` instead compiles each recipe's programs at full depth with the TPU compiler for
 the slice (`spade_jax.plan.compiled_plan`; needs libtpu, no TPU) and reports XLA's peak per
@@ -37,7 +39,9 @@ from spade_jax.plan import (
     max_rollout_batch,
     memory_plan,
     plan_from_config,
+    tensor_alternatives,
     tpu_topology_devices,
+    with_tensor_width,
 )
 
 RECIPES = (("Qwen3-4B", "4b"), ("Qwen3-8B", "8b"), ("Qwen3-30B-A3B", "30b"),
@@ -77,10 +81,19 @@ def peak_gib(config: str, context: int, devices: int) -> float | None:
     return None if planned is None else planned[0]
 
 
+def _cell(name: str, peak: float, largest: int, tensor: int | None) -> str:
+    """'v5p-16: 69.6 GiB, ≤ 640', with '(tensor 4)' after the slice for a mesh not the
+    recipe's."""
+    mesh = "" if tensor is None else f" (tensor {tensor})"
+    return f"{name}{mesh}: {peak:.1f} GiB, ≤ {largest}"
+
+
 def smallest_fit(config: str, context: int, generation: str) -> str:
     """'v5p-16: 69.6 GiB, ≤ 640' for the smallest slice that fits and the largest rollout batch
-    it holds, else 'none (≥ X GiB)'."""
+    it holds; where the recipe's mesh fits no slice, the smallest slice that another tensor
+    width fits (`spade_jax.plan.tensor_alternatives`); else 'none (≥ X GiB)'."""
     hbm_gib, _ = TOPOLOGIES[generation]
+    hbm = int(hbm_gib * GIB)
     lowest = None
     for chips in CHIPS:
         planned = slice_plan(config, context, chips)
@@ -88,42 +101,70 @@ def smallest_fit(config: str, context: int, generation: str) -> str:
             continue
         peak, arch, shape = planned
         if peak <= hbm_gib:
-            largest = max_rollout_batch(arch, shape, int(hbm_gib * GIB))
-            return f"{slice_name(generation, chips)}: {peak:.1f} GiB, ≤ {largest}"
+            largest = max_rollout_batch(arch, shape, hbm)
+            return _cell(slice_name(generation, chips), peak, largest, None)
         lowest = peak if lowest is None else min(lowest, peak)
+    run = slice_run(config, context)
+    for chips in CHIPS:
+        found = tensor_alternatives(run, chips, hbm)
+        if found:
+            tensor, shape, plan = found[0]
+            largest = max_rollout_batch(run.model.arch, shape, hbm)
+            return _cell(slice_name(generation, chips), plan.peak / GIB, largest, tensor)
     return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
+
+
+def _compiled_cell(run, chips: int, generation: str, analytic: float,
+                   tensor: int | None) -> tuple[str | None, float]:
+    """Compile `run` for the slice of `chips` chips: (its cell if it fits, else None; the
+    compiled peak GiB), with a progress line on stderr."""
+    hbm_gib, _ = TOPOLOGIES[generation]
+    name = slice_name(generation, chips)
+    start = time.time()
+    plan = compiled_plan(run, chips, tpu_topology_devices(name))
+    peak = plan.peak / GIB
+    refused = f", refused: {', '.join(plan.refused)}" if plan.refused else ""
+    mesh = "" if tensor is None else f" tensor {tensor}"
+    print(f"  {name}{mesh}: compiled {peak:.1f} GiB (sampling {plan.sampling_peak / GIB:.1f}, "
+          f"training {plan.training_peak / GIB:.1f}; analytic {analytic:.1f}{refused}), "
+          f"{time.time() - start:.0f} s", file=sys.stderr, flush=True)
+    if not plan.fits(hbm_gib * GIB):
+        return None, peak
+    arch, shape = plan_from_config(run, chips)
+    largest = compiled_max_rollout_batch(plan, arch, shape, int(hbm_gib * GIB))
+    return _cell(name, peak, largest, tensor), peak
 
 
 def compiled_fit(config: str, context: int, generation: str) -> str:
     """`smallest_fit` from the compiled plan: from the analytic plan's smallest fitting slice
-    up, the first whose programs, compiled at full depth for the slice, fit."""
+    up, the first whose programs, compiled at full depth for the slice, fit; where none does
+    with the recipe's mesh, the other tensor widths the analytic plan fits, lowest first."""
     hbm_gib, _ = TOPOLOGIES[generation]
     run = slice_run(config, context)
-    analytic_fits, lowest, compiled_lowest = False, None, None
+    print(f"{config} at {context} tokens on {generation}:", file=sys.stderr, flush=True)
+    analytic_fits, lowest, compiled = False, None, []
     for chips in CHIPS:
         planned = slice_plan(config, context, chips)
         if planned is None:
             continue
-        analytic, arch, shape = planned
+        analytic = planned[0]
         analytic_fits = analytic_fits or analytic <= hbm_gib
         if not analytic_fits:
             lowest = analytic if lowest is None else min(lowest, analytic)
             continue
-        name = slice_name(generation, chips)
-        start = time.time()
-        plan = compiled_plan(run, chips, tpu_topology_devices(name))
-        peak = plan.peak / GIB
-        refused = f", refused: {', '.join(plan.refused)}" if plan.refused else ""
-        print(f"  {config} {context} {name}: compiled {peak:.1f} GiB (sampling "
-              f"{plan.sampling_peak / GIB:.1f}, training {plan.training_peak / GIB:.1f}; "
-              f"analytic {analytic:.1f}{refused}), {time.time() - start:.0f} s",
-              file=sys.stderr, flush=True)
-        if plan.fits(hbm_gib * GIB):
-            largest = compiled_max_rollout_batch(plan, arch, shape, int(hbm_gib * GIB))
-            return f"{name}: {peak:.1f} GiB, ≤ {largest}"
-        compiled_lowest = peak if compiled_lowest is None else min(compiled_lowest, peak)
-    if compiled_lowest is not None:
-        return f"none (≥ {compiled_lowest:.1f} GiB compiled)"
+        cell, peak = _compiled_cell(run, chips, generation, analytic, None)
+        if cell:
+            return cell
+        compiled.append(peak)
+    for chips in CHIPS:
+        for tensor, _, plan in tensor_alternatives(run, chips, int(hbm_gib * GIB)):
+            cell, peak = _compiled_cell(with_tensor_width(run, tensor), chips, generation,
+                                        plan.peak / GIB, tensor)
+            if cell:
+                return cell
+            compiled.append(peak)
+    if compiled:
+        return f"none (≥ {min(compiled):.1f} GiB compiled)"
     return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB, analytic)"
 
 

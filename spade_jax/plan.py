@@ -461,6 +461,46 @@ def plan_from_config(run, n_devices: int) -> tuple[ModelConfig, TrainShape]:
     return run.model.arch, shape
 
 
+TENSOR_WIDTHS = (1, 2, 4, 8, 16)
+
+
+def with_tensor_width(run, tensor: int):
+    """`run` with `mesh.tensor = tensor` and the fsdp axis filling the devices left (the data
+    axis kept)."""
+    data = run.mesh.data if run.mesh.data != -1 else 1
+    return dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, data=data, fsdp=-1,
+                                                             tensor=tensor))
+
+
+def tensor_alternatives(run, n_devices: int,
+                        hbm_bytes: int) -> list[tuple[int, TrainShape, MemoryPlan]]:
+    """The tensor widths other than `run`'s whose analytic plan fits `hbm_bytes` per device on
+    `n_devices`, each with its shape and plan, lowest peak first: what to try where a recipe's
+    own mesh rule fits no slice (16 GiB v5e chips at 32k tokens)."""
+    own = plan_from_config(run, n_devices)[1].mesh[2]
+    found = []
+    for tensor in TENSOR_WIDTHS:
+        if tensor == own or tensor > run.model.arch.n_heads:
+            continue
+        try:
+            cfg, shape = plan_from_config(with_tensor_width(run, tensor), n_devices)
+        except ConfigError:
+            continue
+        plan = memory_plan(cfg, shape)
+        if plan.peak <= hbm_bytes:
+            found.append((tensor, shape, plan))
+    return sorted(found, key=lambda item: (item[2].peak, item[0]))
+
+
+def format_alternatives(run, n_devices: int, hbm_gib: float) -> str:
+    """One line naming the other tensor widths the analytic plan fits on this slice, or ''."""
+    found = tensor_alternatives(run, n_devices, int(hbm_gib * GIB))
+    options = ", ".join(f"--config.mesh.tensor={tensor} (mesh {shape.mesh}): "
+                        f"{plan.peak / GIB:.1f} GiB" for tensor, shape, plan in found)
+    return f"other meshes the analytic plan fits (check with --compiled): {options}" if found \
+        else ""
+
+
 def device_memory_bytes() -> int:
     """Memory one local device can use: its allocator limit on TPU/GPU; on CPU the host's RAM
     shared by its local (possibly fake) devices."""
@@ -545,11 +585,16 @@ def main(argv) -> None:
         ensure_devices(n_devices, "spade_jax.plan")
     run = parse(FLAGS.config)
     cfg, shape = plan_from_config(run, n_devices)
-    print(format_plan(cfg, shape, memory_plan(cfg, shape), hbm_gib))
+    plan = memory_plan(cfg, shape)
+    print(format_plan(cfg, shape, plan, hbm_gib))
+    fits = plan.peak <= hbm_gib * GIB
     if FLAGS.compiled:
         devices = tpu_topology_devices(FLAGS.topology) if compile_for == "tpu" else None
-        print(format_compiled_plan(
-            compiled_plan(run, n_devices, devices, layers=FLAGS.compiled_layers), hbm_gib))
+        compiled = compiled_plan(run, n_devices, devices, layers=FLAGS.compiled_layers)
+        print(format_compiled_plan(compiled, hbm_gib))
+        fits = compiled.fits(hbm_gib * GIB)
+    if not fits and (alternatives := format_alternatives(run, n_devices, hbm_gib)):
+        print(alternatives)
 
 
 def _define_flags() -> None:

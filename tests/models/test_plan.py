@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -131,6 +132,54 @@ def test_cli_prints_a_verdict():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "optimizer (AdamW)" in result.stdout and "verdict:" in result.stdout
+    assert "other meshes" not in result.stdout  # it fits: no alternatives offered
+
+
+def _recipe_at(name: str, context: int):
+    from spade_jax.config import load_config_file, parse
+
+    cfg = load_config_file(name)
+    cfg.train.seq_len = cfg.sampling.max_context = context
+    return parse(cfg)
+
+
+def test_other_tensor_widths_are_offered_where_the_recipes_mesh_does_not_fit():
+    """8B's FSDP-only mesh does not fit 16 GiB v5e chips at 32k tokens on 256 chips (a whole
+    32k-token row of activations per chip); the alternatives are the other tensor widths that
+    do, fsdp filling the rest, lowest peak first, ties to the narrower width."""
+    from spade_jax.plan import GIB, plan_from_config, tensor_alternatives
+
+    run = _recipe_at("8b", 32768)
+    cfg, shape = plan_from_config(run, 256)
+    hbm = 16 * GIB
+    assert shape.mesh == (1, 256, 1) and memory_plan(cfg, shape).peak > hbm
+    found = tensor_alternatives(run, 256, hbm)
+    assert [t for t, _, _ in found] == [4, 8, 2, 16]
+    for tensor, shape, plan in found:
+        assert shape.mesh == (1, 256 // tensor, tensor)
+        assert plan.peak <= hbm and plan == memory_plan(cfg, shape)
+    assert [p.peak for _, _, p in found] == sorted(p.peak for _, _, p in found)
+    assert tensor_alternatives(run, 256, 10 * GIB) == []  # none fits 10 GiB
+
+
+def test_cli_and_table_name_the_tensor_width_that_fits():
+    """`plan` prints the alternatives after a refusal; the slice table's cell names the mesh
+    where it is not the recipe's."""
+    result = subprocess.run(
+        [sys.executable, "-m", "spade_jax.plan", "--config=configs/8b.py", "--topology=v5e-256",
+         "--config.sampling.max_context=32768", "--config.train.seq_len=32768"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "verdict: does NOT fit" in result.stdout
+    assert ("other meshes the analytic plan fits (check with --compiled): "
+            "--config.mesh.tensor=4 (mesh (1, 64, 4)): 10.6 GiB") in result.stdout
+    spec = importlib.util.spec_from_file_location(
+        "plan_tables", Path(__file__).parents[2] / "bench" / "plan_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert tables.smallest_fit("8b", 32768, "v5e").startswith("v5litepod-256 (tensor 4): 10.6")
+    assert tables.smallest_fit("8b", 8192, "v5e").startswith("v5litepod-64: 12.0 GiB")
 
 
 def test_rollout_check_passes_the_cpu_default_and_refuses_too_many_plays():
