@@ -312,18 +312,26 @@ class Session:
         return self.sampler.batch_multiple == 1 and 2 * n_rows <= self.batch
 
     def _program_rows(self, n_running: int) -> int:
-        """Rows the next decode segment computes: the running ones padded to a power of two
-        (at least `MIN_DECODE_ROWS`) where they may run apart (`_row_subset`), else the whole
-        batch."""
-        rows = max(MIN_DECODE_ROWS, 1 << (n_running - 1).bit_length())
+        """Rows the next decode segment computes: the running ones padded to a bucket (2^i or
+        1.5 * 2^i, at least `MIN_DECODE_ROWS`) where they may run apart (`_row_subset`), else
+        the whole batch."""
+        rows = bucket(n_running, MIN_DECODE_ROWS)
         return rows if self._row_subset(rows) else self.batch
+
+    def _next_smaller_program(self, rows: int) -> int:
+        """The largest row bucket below `rows` that a segment may compute apart, or 0."""
+        smaller, candidate = 0, MIN_DECODE_ROWS
+        while candidate < rows:
+            smaller = candidate if self._row_subset(candidate) else smaller
+            candidate = bucket(candidate + 1, MIN_DECODE_ROWS)
+        return smaller
 
     def decode_segment(self, turn: Turn, exit_after_finished: int | None = None,
                        max_steps: int | None = None) -> None:
         """One while-loop decode over the current window for `turn`'s running rows, ending
         early once `exit_after_finished` of them finished, once so many finished that the
-        next segment can run on half the rows (`_program_rows`), or after `max_steps` steps;
-        updates `turn` and the rows."""
+        next segment can run on a smaller row bucket (`_program_rows`), or after `max_steps`
+        steps; updates `turn` and the rows."""
         running = turn.running
         if not running.any():
             return
@@ -337,10 +345,9 @@ class Session:
         n_running = int(running.sum())
         program_rows = self._program_rows(n_running)
         exit_after = self.batch + 1 if exit_after_finished is None else exit_after_finished
-        # pause once the rows still running fit in the next smaller program (a power of two)
-        half = program_rows // 2
-        smaller = 1 << (half.bit_length() - 1) if half else 0
-        if smaller >= MIN_DECODE_ROWS and self._row_subset(smaller):
+        # pause once the rows still running fit in the next smaller program
+        smaller = self._next_smaller_program(program_rows)
+        if smaller:
             exit_after = min(exit_after, n_running - smaller)
         if program_rows < self.batch:
             rows = np.concatenate([np.flatnonzero(running), np.full(

@@ -194,7 +194,7 @@ def test_prompts_are_prefilled_in_groups_of_one_length_bucket(model, sampler, mo
 
 def test_finished_rows_leave_the_decode(model, monkeypatch):
     """Once the rows still running fit in half the batch, the decode pauses and goes on with
-    only those rows ('decode_rows', a power of two of them, at least `MIN_DECODE_ROWS`).
+    only those rows ('decode_rows', a bucket of them, at least `MIN_DECODE_ROWS`).
     Every row samples what it samples in a decode that keeps all rows, greedy or seeded."""
     from spade_jax.sampling import session as session_lib
 
@@ -213,6 +213,18 @@ def test_finished_rows_leave_the_decode(model, monkeypatch):
         for a, b in zip(compacted, whole, strict=True):
             assert a.tokens == b.tokens
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_running_rows_are_padded_to_a_row_bucket_within_half_the_batch(sampler):
+    """A segment computes its running rows padded to the next row bucket (2^i or 1.5 * 2^i):
+    22 of 64 rows as 24, not 32; more than half the batch runs as the whole batch; and it
+    pauses for the largest smaller bucket that may run apart."""
+    session = sampler.start([[1, 2]] * 64, capacity=32)
+    assert [session._program_rows(n) for n in (1, 3, 5, 7, 9, 17, 22, 25, 32, 33, 64)] == [
+        4, 4, 6, 8, 12, 24, 24, 32, 32, 64, 64]
+    assert [session._next_smaller_program(r) for r in (64, 32, 24, 16, 12, 8, 6, 4)] == [
+        32, 24, 16, 12, 8, 6, 4, 0]
+    assert sampler.start([[1, 2]] * 10, capacity=32)._next_smaller_program(10) == 4
 
 
 def test_prefill_token_budget_below_one_bucket_is_refused(model):
