@@ -477,10 +477,9 @@ def tensor_alternatives(run, n_devices: int,
     """The tensor widths other than `run`'s whose analytic plan fits `hbm_bytes` per device on
     `n_devices`, each with its shape and plan, lowest peak first: what to try where a recipe's
     own mesh rule fits no slice (16 GiB v5e chips at 32k tokens)."""
-    own = plan_from_config(run, n_devices)[1].mesh[2]
     found = []
     for tensor in TENSOR_WIDTHS:
-        if tensor == own or tensor > run.model.arch.n_heads:
+        if tensor == run.mesh.tensor or tensor > run.model.arch.n_heads:
             continue
         try:
             cfg, shape = plan_from_config(with_tensor_width(run, tensor), n_devices)

@@ -160,6 +160,9 @@ def test_other_tensor_widths_are_offered_where_the_recipes_mesh_does_not_fit():
         assert plan.peak <= hbm and plan == memory_plan(cfg, shape)
     assert [p.peak for _, _, p in found] == sorted(p.peak for _, _, p in found)
     assert tensor_alternatives(run, 256, 10 * GIB) == []  # none fits 10 GiB
+    # 30B's rule (tensor 8) cannot split 4 chips; the widths that can are still offered
+    small = tensor_alternatives(_recipe_at("30b", 2048), 4, 10_000 * GIB)
+    assert sorted(t for t, _, _ in small) == [1, 2, 4]
 
 
 def test_cli_and_table_name_the_tensor_width_that_fits():
