@@ -15,7 +15,9 @@ growing with depth). With libtpu installed
 compiler for the slice's topology (`tpu_topology_devices`), which is the buffer assignment a
 pod run gets; otherwise (or with --compile_for=cpu) on as many fake CPU devices as the slice
 has chips, whose compiler keeps float32 copies of bf16 operands (whole KV-cache layers, expert
-weights) that a TPU does not (minutes for 30B on a CPU host either way).
+weights) that a TPU does not (minutes for 30B on a CPU host either way). Where the config
+does not fit (analytic or compiled), the plan names the other `--config.mesh.tensor` widths
+whose analytic plan fits the slice (`tensor_alternatives`), to check with `--compiled`.
 
 Nothing is allocated: the model is built with `nnx.eval_shape`, and each parameter's spec is
 fitted to an `AbstractMesh` of the configured (data, fsdp, tensor) shape exactly as on real
