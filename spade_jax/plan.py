@@ -496,10 +496,11 @@ def tensor_alternatives(run, n_devices: int,
 def format_alternatives(run, n_devices: int, hbm_gib: float) -> str:
     """One line naming the other tensor widths the analytic plan fits on this slice, or ''."""
     found = tensor_alternatives(run, n_devices, int(hbm_gib * GIB))
+    if not found:
+        return ""
     options = ", ".join(f"--config.mesh.tensor={tensor} (mesh {shape.mesh}): "
                         f"{plan.peak / GIB:.1f} GiB" for tensor, shape, plan in found)
-    return f"other meshes the analytic plan fits (check with --compiled): {options}" if found \
-        else ""
+    return f"other meshes the analytic plan fits (check with --compiled): {options}"
 
 
 def device_memory_bytes() -> int:
