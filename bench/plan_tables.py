@@ -64,20 +64,20 @@ def slice_run(config: str, context: int):
     return parse(cfg)
 
 
-def slice_plan(config: str, context: int, devices: int):
-    """(peak GiB per device, architecture, TrainShape) of `config` at `context` tokens on
-    `devices` devices; None when the config's mesh rule does not divide them."""
+def slice_plan(run, devices: int):
+    """(peak GiB per device, architecture, TrainShape) of `run` (`slice_run`) on `devices`
+    devices; None when its mesh rule does not divide them."""
     try:
-        arch, shape = plan_from_config(slice_run(config, context), devices)
+        arch, shape = plan_from_config(run, devices)
     except ConfigError:
         return None
     return memory_plan(arch, shape).peak / GIB, arch, shape
 
 
-def peak_gib(config: str, context: int, devices: int) -> float | None:
-    """The plan's peak GiB per device of `config` at `context` tokens on `devices` devices;
-    None when the config's mesh rule does not divide them."""
-    planned = slice_plan(config, context, devices)
+def peak_gib(run, devices: int) -> float | None:
+    """The plan's peak GiB per device of `run` on `devices` devices; None when its mesh rule
+    does not divide them."""
+    planned = slice_plan(run, devices)
     return None if planned is None else planned[0]
 
 
@@ -94,9 +94,10 @@ def smallest_fit(config: str, context: int, generation: str) -> str:
     width fits (`spade_jax.plan.tensor_alternatives`); else 'none (≥ X GiB)'."""
     hbm_gib, _ = TOPOLOGIES[generation]
     hbm = int(hbm_gib * GIB)
+    run = slice_run(config, context)
     lowest = None
     for chips in CHIPS:
-        planned = slice_plan(config, context, chips)
+        planned = slice_plan(run, chips)
         if planned is None:
             continue
         peak, arch, shape = planned
@@ -104,7 +105,6 @@ def smallest_fit(config: str, context: int, generation: str) -> str:
             largest = max_rollout_batch(arch, shape, hbm)
             return _cell(slice_name(generation, chips), peak, largest, None)
         lowest = peak if lowest is None else min(lowest, peak)
-    run = slice_run(config, context)
     for chips in CHIPS:
         found = tensor_alternatives(run, chips, hbm)
         if found:
@@ -144,7 +144,7 @@ def compiled_fit(config: str, context: int, generation: str) -> str:
     print(f"{config} at {context} tokens on {generation}:", file=sys.stderr, flush=True)
     analytic_fits, lowest, compiled = False, None, []
     for chips in CHIPS:
-        planned = slice_plan(config, context, chips)
+        planned = slice_plan(run, chips)
         if planned is None:
             continue
         analytic = planned[0]
@@ -191,7 +191,8 @@ def main() -> None:
             print("| model | " + " | ".join(f"{n} devices" for n in counts) + " |")
             print("|---" * (len(counts) + 1) + "|")
             for label, config in recipes:
-                peaks = [peak_gib(config, context, n) for n in counts]
+                run = slice_run(config, context)
+                peaks = [peak_gib(run, n) for n in counts]
                 cells = " | ".join("—" if p is None else f"{p:.1f}" for p in peaks)
                 print(f"| {label} | {cells} |")
         return
