@@ -27,7 +27,7 @@ from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.sampling.programs import MIN_BUCKET
-from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots
+from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots, DecodeWeights
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.seeding import check_seed
 from spade_jax.spade.hints import HintMode, HintSchedule
@@ -128,6 +128,10 @@ def base_config() -> ml_collections.ConfigDict:
     # On CPU only: the decode programs' dots through YNNPACK's fusions (XLA's default) or
     # XLA's own dot emitter, see spade_jax/sampling/sampler.py.
     c.sampling.cpu_decode_dots = DecodeDots.YNNPACK.value
+    # Where the weights are split over fsdp: a decode loop holds them gathered (resident, the
+    # fastest) or gathers each layer's every step (per_step: for chips whose memory cannot
+    # hold the gathered copy, e.g. 30B on v5e); `python -m spade_jax.plan` counts the copy.
+    c.sampling.decode_weights = DecodeWeights.RESIDENT.value
 
     c.train = ml_collections.ConfigDict()
     c.train.learning_rate = 1e-6
@@ -350,6 +354,12 @@ class SamplingConfig:
     max_context: int = 32768
     prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE
     cpu_decode_dots: DecodeDots | None = DecodeDots.YNNPACK
+    decode_weights: DecodeWeights | None = DecodeWeights.RESIDENT
+
+    def sampler_options(self) -> dict:
+        """The `Sampler` keyword arguments this section sets."""
+        return dict(prefill_tokens=self.prefill_tokens, decode_dots=self.cpu_decode_dots,
+                    decode_weights=self.decode_weights)
 
     def decoding(self, role: str) -> Decoding:
         """The sampler settings of `role` ('designer', 'agent', 'hint' or 'validator')."""
@@ -598,6 +608,8 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     sampling = dict(c["sampling"])
     sampling["cpu_decode_dots"] = _choice(DecodeDots, sampling["cpu_decode_dots"],
                                           "sampling.cpu_decode_dots", problems)
+    sampling["decode_weights"] = _choice(DecodeWeights, sampling["decode_weights"],
+                                         "sampling.decode_weights", problems)
     memory = dict(c["memory"])
     memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
     mesh = _section(MeshConfig, c["mesh"], "mesh", problems)

@@ -269,7 +269,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     step = TrainStep(model_cfg, optimizer, mesh, t, micro_batches=micro_batches,
                      compute_dtype=compute_dtype)
     sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype=compute_dtype,
-                      prefill_tokens=run_cfg.sampling.prefill_tokens)
+                      **run_cfg.sampling.sampler_options())
     # padded as a Session pads it: to the axes the KV cache's batch is split over (all three
     # where the KV heads are too few for 'tensor'); unpadded, the cache would be replicated
     shards = sampler.batch_multiple

@@ -53,18 +53,24 @@ def test_every_problem_is_reported_at_once_with_its_key_path():
     assert "sampling.max_context=0 must be >= 1" in found
 
 
-def test_the_prefill_budget_is_checked_and_reaches_the_runtimes_sampler():
-    """`sampling.prefill_tokens` below one bucket is refused; a valid one is the budget of the
-    sampler the run decodes with (its extends of one row are that wide)."""
+def test_the_sampler_settings_are_checked_and_reach_the_runtimes_sampler():
+    """`sampling.prefill_tokens` below one bucket and an unknown `sampling.decode_weights` are
+    refused; valid ones reach the sampler the run decodes with (its extends of one row are
+    that wide)."""
     import jax
 
+    from spade_jax.sampling import DecodeWeights
     from spade_jax.spade.runtime import Runtime
 
     assert problems_of(tiny(**{"sampling.prefill_tokens": 8})) == [
         "sampling.prefill_tokens=8 must be >= 16 (the narrowest extend)"]
-    rt = Runtime.create(parse(tiny(**{"sampling.prefill_tokens": 32}), 1), jax.devices()[:1])
+    assert problems_of(tiny(**{"sampling.decode_weights": "lazy"}))[0].startswith(
+        "sampling.decode_weights='lazy'")
+    run = parse(tiny(**{"sampling.prefill_tokens": 32, "sampling.decode_weights": "per_step"}), 1)
+    rt = Runtime.create(run, jax.devices()[:1])
     try:
         assert rt.sampler.prefill_tokens == 32 and rt.sampler.extend_width(1) == 32
+        assert rt.sampler.decode_weights is DecodeWeights.PER_STEP
     finally:
         rt.close()
 

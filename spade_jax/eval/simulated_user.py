@@ -44,8 +44,7 @@ def load_user_model(rt, source: str) -> UserModel:
     run = dataclasses.replace(rt.run, model=dataclasses.replace(rt.run.model, source=source))
     model, tokenizer = load_model_and_tokenizer(run, rt.mesh)
     return UserModel(Sampler(model, mesh=rt.mesh, compute_dtype=run.model.compute_dtype,
-                             prefill_tokens=run.sampling.prefill_tokens,
-                             decode_dots=run.sampling.cpu_decode_dots),
+                             **run.sampling.sampler_options()),
                      ChatFormat(tokenizer))
 
 

@@ -227,6 +227,8 @@ def unrolled_forward(
     cache: list[tuple[jax.Array, jax.Array]],
     cache_index: jax.Array | int,
     layout: KVLayout = KVLayout.HEAD_MAJOR,
+    *,
+    stream_weights: bool = False,
 ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """The cached forward of `Transformer.__call__` with a Python loop over layers.
 
@@ -234,6 +236,9 @@ def unrolled_forward(
     cache as one (keys, values) pair per layer in `layout`, so no decode step slices
     stacked weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan,
     doubling the bytes moved per token). Same masks and maths as `__call__`.
+    `stream_weights`: each layer's weights pass an optimization barrier with the previous
+    layer's input, so their gather over 'fsdp' waits until then: one layer ahead of its use,
+    never hoisted out of a loop around this forward, a few layers' gathered weights live.
     """
     cfg = model.cfg
     dtype = layer_params[0]["attn_norm"].dtype
@@ -245,10 +250,15 @@ def unrolled_forward(
     x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
     mask = SlotMask(kv_mask, cache_index)
     new_cache = []
-    for params, layer_cache in zip(layer_params, cache, strict=True):
+    weights = list(layer_params)
+    if stream_weights:
+        weights[0], x = jax.lax.optimization_barrier((weights[0], x))
+    for i, layer_cache in enumerate(cache):
         if split_rows:
             x = constrain(x, ROWS_SPLIT)
-        x, kv, _ = decoder_block(cfg, params, x, positions, mask, layer_cache, cache_index,
+        if stream_weights and i + 1 < len(weights):
+            weights[i + 1], x = jax.lax.optimization_barrier((weights[i + 1], x))
+        x, kv, _ = decoder_block(cfg, weights[i], x, positions, mask, layer_cache, cache_index,
                                  layout)
         new_cache.append(kv)
     return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache

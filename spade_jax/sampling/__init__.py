@@ -2,7 +2,7 @@
 
 from spade_jax.sampling.engine import Conversation, Engine, Request
 from spade_jax.sampling.generate import Completion, encode_prompt, generate, sampler_for
-from spade_jax.sampling.sampler import DecodeDots, Sampler
+from spade_jax.sampling.sampler import DecodeDots, DecodeWeights, Sampler
 from spade_jax.sampling.sampling_fns import select_tokens
 from spade_jax.sampling.session import CacheFullError, Session, TurnOutput
 
@@ -11,6 +11,7 @@ __all__ = [
     "Completion",
     "Conversation",
     "DecodeDots",
+    "DecodeWeights",
     "Engine",
     "Request",
     "Sampler",

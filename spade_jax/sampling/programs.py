@@ -9,6 +9,7 @@ pending-token convention and the staging range are described in `spade_jax/sampl
 from __future__ import annotations
 
 import dataclasses
+import enum
 from functools import partial
 from typing import NamedTuple
 
@@ -71,11 +72,30 @@ def fused_decode_weights(model: Transformer, vocab_major: bool) -> dict:
             "unembedding": Unembedding(weight, vocab_major)}
 
 
-def decode_weights(model: Transformer, fused: dict | None):
+def weights_and_logits(model: Transformer, fused: dict | None):
     """(per-layer weights, logits function): from the fused copy, or the model's own layout."""
     if fused is None:
         return model.layer_params(), model.logits
     return fused["layers"], fused["unembedding"].logits
+
+
+class DecodeWeights(enum.StrEnum):
+    """`sampling.decode_weights`: how a decode loop reads layer weights split over 'fsdp'.
+
+    RESIDENT: as XLA schedules it, which hoists each layer's all-gather out of the loop, so
+    the devices hold every layer's weights split over 'tensor' only (in the compute dtype) for
+    the whole segment: no weight traffic per step, where the memory allows. PER_STEP: every
+    step gathers each layer's weights one layer ahead of its use (`unrolled_forward`'s
+    `stream_weights`), so a few layers' gathered weights are live, at the cost of moving
+    all the weights over the interconnect on every step. With fsdp 1 nothing is gathered.
+    """
+
+    RESIDENT = "resident"
+    PER_STEP = "per_step"
+
+    @property
+    def streams(self) -> bool:
+        return self is DecodeWeights.PER_STEP
 
 
 def valid_slots(lengths: jax.Array, window: int) -> jax.Array:
@@ -108,7 +128,7 @@ def extend_block(model, layer_params, cache, lengths, tokens, token_mask, positi
 def extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions, *, layout):
     """`extend_block` over the whole batch."""
     model = nnx.merge(graphdef, state)
-    layer_params, _ = decode_weights(model, fused)
+    layer_params, _ = weights_and_logits(model, fused)
     return extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions,
                          layout)
 
@@ -130,7 +150,7 @@ def extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask
     """`extend_block` of only the cache rows `rows` [b] (an index past the batch: a padding
     row, dropped), so the compute scales with the rows that have tokens, not the batch."""
     model = nnx.merge(graphdef, state)
-    layer_params, _ = decode_weights(model, fused)
+    layer_params, _ = weights_and_logits(model, fused)
     sub = extend_block(model, layer_params, take_rows(cache, rows), lengths, tokens, token_mask,
                        positions, layout)
     return put_rows(cache, rows, sub)
@@ -153,12 +173,14 @@ class DecodeState(NamedTuple):
 
 def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, max_steps,
             exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids, *,
-            max_top_k, layout):
+            max_top_k, layout, decode_weights: DecodeWeights):
     """At most `max_steps` decode steps (the caller keeps every running row's length + steps
     within the window); the token buffers are as long as the window. The loop also ends once
-    `exit_after_finished` rows have finished (continuous batching refills their slots)."""
+    `exit_after_finished` rows have finished (continuous batching refills their slots).
+    `decode_weights` (`DecodeWeights`): whether the loop holds the gathered weights or gathers
+    them every step."""
     model = nnx.merge(graphdef, state)
-    layer_params, logits_of = decode_weights(model, fused)
+    layer_params, logits_of = weights_and_logits(model, fused)
     batch, window = pending.shape[0], layout.n_slots(cache[0][1])
     max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
@@ -180,7 +202,8 @@ def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, m
         slots = jnp.where(s.running, s.lengths, window)
         hidden, cache = unrolled_forward(
             model, layer_params, s.pending[:, None], s.positions[:, None],
-            valid_slots(s.lengths + s.running, window), s.cache, slots, layout)
+            valid_slots(s.lengths + s.running, window), s.cache, slots, layout,
+            stream_weights=decode_weights.streams)
         logits = logits_of(hidden[:, 0])
         keys = row_keys(seed, row_ids, s.positions + 1)
         token, logp, sampling_logp = select_tokens(
@@ -208,10 +231,10 @@ def grow_layer(k, v, *, new_window, layout):
     return layout.pad_slots(k, v, new_window - layout.n_slots(v))
 
 
-def decode_rows(graphdef, state, fused, cache, rows, *args, max_top_k, layout):
+def decode_rows(graphdef, state, fused, cache, rows, *args, max_top_k, layout, decode_weights):
     """`decode` of only the cache rows `rows` [b] (an index past the batch: a padding row with
     limit 0, dropped); the other arguments are those rows'. The compute scales with the rows
     still sampling, not with the batch."""
     sub, *outputs = decode(graphdef, state, fused, take_rows(cache, rows), *args,
-                           max_top_k=max_top_k, layout=layout)
+                           max_top_k=max_top_k, layout=layout, decode_weights=decode_weights)
     return (put_rows(cache, rows, sub), *outputs)

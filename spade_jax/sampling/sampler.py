@@ -57,7 +57,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from spade_jax.models.kv_layout import KVLayout
 from spade_jax.models.transformer import Transformer
 from spade_jax.sampling import programs
-from spade_jax.sampling.programs import MIN_BUCKET, STOP_ID_SLOTS, bucket, bucket_at_most
+from spade_jax.sampling.programs import (
+    MIN_BUCKET,
+    STOP_ID_SLOTS,
+    DecodeWeights,
+    bucket,
+    bucket_at_most,
+)
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.sampling.session import Session
 from spade_jax.sharding import (
@@ -114,13 +120,16 @@ class Sampler:
     `kv_layout` (None: the one the mesh's platform runs without copies,
     `KVLayout.for_platform`): how the KV cache stores each layer.
     `decode_dots`: how the CPU decode programs compile their dots (`DecodeDots`).
+    `decode_weights`: whether a decode loop holds the weights gathered over 'fsdp' or gathers
+    them every step (`DecodeWeights`).
     """
 
     def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
                  max_top_k: int = DEFAULT_MAX_TOP_K, fuse_weights: bool | None = None,
                  compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE,
                  kv_layout: KVLayout | str | None = None,
-                 decode_dots: DecodeDots | str = DecodeDots.YNNPACK):
+                 decode_dots: DecodeDots | str = DecodeDots.YNNPACK,
+                 decode_weights: DecodeWeights | str = DecodeWeights.RESIDENT):
         if int(prefill_tokens) < MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {MIN_BUCKET} tokens per device")
@@ -133,6 +142,7 @@ class Sampler:
                           else KVLayout(kv_layout))
         self.max_top_k = max_top_k
         self.decode_dots = DecodeDots(decode_dots)
+        self.decode_weights = DecodeWeights(decode_weights)
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
         self.graphdef, state = nnx.split(model)
         self._state_shardings = param_shardings(state, self.mesh)
@@ -269,12 +279,12 @@ class Sampler:
             out_sh = cache_sh
         elif name == "decode_rows":  # only used where the cache's batch is not split
             fn = partial(programs.decode_rows, self.graphdef, max_top_k=self.max_top_k,
-                         layout=self.kv_layout)
+                         layout=self.kv_layout, decode_weights=self.decode_weights)
             in_sh = (*head, *[scalar] * 13)
             out_sh = (cache_sh, (scalar,) * 3, scalar, scalar, scalar)
         else:
             fn = partial(programs.decode, self.graphdef, max_top_k=self.max_top_k,
-                         layout=self.kv_layout)
+                         layout=self.kv_layout, decode_weights=self.decode_weights)
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)

@@ -90,8 +90,7 @@ class Runtime:
                          self.train_step.shardings.params)
             if self.train_config.kl_coef else None)
         self.sampler = Sampler(model, mesh=mesh, compute_dtype=compute_dtype,
-                               prefill_tokens=run.sampling.prefill_tokens,
-                               decode_dots=run.sampling.cpu_decode_dots)
+                               **run.sampling.sampler_options())
         max_turns = run.spade.max_turns
         self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns)
         self.validation_pool = EnvPool(run.sandbox, warm=2, max_turns=max_turns)

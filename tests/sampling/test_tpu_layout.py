@@ -44,3 +44,31 @@ def test_tpu_decode_keeps_the_sequence_major_cache_in_place():
     assert temp < 0.25 * cache, (temp, cache)
     copied, _ = _decode_temp_and_cache_bytes(KVLayout.HEAD_MAJOR)
     assert copied > 0.5 * cache, (copied, cache)  # the copies this layout exists to avoid
+
+
+MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_heads=4,
+                  head_dim=64, ffn_dim=512, qk_norm=True, n_experts=8, n_experts_per_tok=2,
+                  expert_ffn_dim=2048, family="qwen3_moe")
+
+
+def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode():
+    """On a v5e-8 mesh (1, 4, 2), compiled by the TPU compiler: with resident weights it hoists
+    every layer's all-gather of its experts over 'fsdp' out of the decode loop, so the loop's
+    temporaries hold all 16 layers' gathered experts (4 experts on each 'tensor' rank, 768 MiB,
+    too large for the chip's on-core memory); per step it gathers them a layer ahead of their
+    use inside the loop and holds a few."""
+    from spade_jax.sampling import DecodeWeights
+
+    mesh = make_mesh((1, 4, 2), tpu_topology_devices("v5e-8"))
+    model = nnx.eval_shape(lambda: Transformer(MOE, rngs=nnx.Rngs(0)))
+
+    def decode_temp(decode_weights):
+        sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype="bfloat16",
+                          decode_weights=decode_weights)
+        return sampler.lower("decode", 8, 256).compile().memory_analysis().temp_size_in_bytes
+
+    gathered_experts = MOE.n_layers * 3 * (MOE.n_experts // 2) * MOE.d_model * \
+        MOE.expert_ffn_dim * 2  # bf16 per device
+    resident, per_step = decode_temp(DecodeWeights.RESIDENT), decode_temp(DecodeWeights.PER_STEP)
+    assert resident > gathered_experts, (resident, gathered_experts)
+    assert per_step < 0.5 * gathered_experts, (per_step, gathered_experts)
