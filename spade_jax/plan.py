@@ -51,6 +51,7 @@ from spade_jax.models.attention import ATTENTION_QUERY_CHUNK
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import Remat
+from spade_jax.sampling.programs import DecodeWeights
 from spade_jax.sharding import MESH_AXES, fit_spec, kv_cache_axes
 
 GIB = 1 << 30
@@ -123,6 +124,7 @@ class TrainShape:
     rollout_batch: int
     context_len: int
     reference_copy: bool = False  # KL on: a frozen compute-dtype copy of the initial weights
+    decode_weights: DecodeWeights = DecodeWeights.RESIDENT  # sampling.decode_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +143,9 @@ class MemoryPlan:
     # where the cache's batch is not split over devices: the copy of at most half its rows
     # that a session's row-subset programs (extend_rows, decode_rows) gather
     kv_row_copy: int = 0
+    # the decode's MoE expert weights gathered over fsdp (compute dtype): every layer's where
+    # they stay resident through the decode loop, two layers' where each step gathers them
+    decode_gathered_weights: int = 0
 
     @property
     def resident(self) -> int:
@@ -149,7 +154,7 @@ class MemoryPlan:
 
     @property
     def sampling_peak(self) -> int:
-        return self.resident + self.kv_cache + self.kv_row_copy
+        return self.resident + self.kv_cache + self.kv_row_copy + self.decode_gathered_weights
 
     @property
     def training_peak(self) -> int:
@@ -167,6 +172,33 @@ def _per_device_elements(shape, spec, mesh: AbstractMesh) -> int:
         names = (axes,) if isinstance(axes, str) else tuple(axes or ())
         shards *= math.prod(mesh.shape[a] for a in names)
     return math.prod(shape) // shards
+
+
+def _without_axis(spec, axis: str) -> tuple:
+    """`spec` with mesh axis `axis` dropped from every entry."""
+    names = lambda e: (e,) if isinstance(e, str) else tuple(e or ())  # noqa: E731
+    return tuple(tuple(a for a in names(e) if a != axis) or None for e in spec)
+
+
+EXPERT_WEIGHTS = frozenset({"w_gate", "w_up", "w_down"})
+
+
+def decode_gathered_weights(cfg: ModelConfig, shape: TrainShape, state, specs,
+                            mesh: AbstractMesh) -> int:
+    """Per-device bytes of the MoE experts' weights a decode holds gathered over fsdp (0
+    without experts or fsdp): every layer's with `DecodeWeights.RESIDENT`, two layers' with
+    PER_STEP. The TPU compiler hoists those gathers (the expert `shard_map` takes its weights
+    whole over fsdp) out of the decode loop; a dense layer's weights it gathers in the loop."""
+    if not cfg.is_moe or mesh.shape["fsdp"] == 1:
+        return 0
+    is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
+    gathered = sum(
+        _per_device_elements(x.shape, _without_axis(spec, "fsdp"), mesh)
+        for (path, x), spec in zip(jax.tree_util.tree_leaves_with_path(state),
+                                   jax.tree.leaves(specs, is_leaf=is_spec), strict=True)
+        if path[0].key in EXPERT_WEIGHTS)
+    gathered *= np.dtype(jnp.dtype(shape.compute_dtype)).itemsize
+    return gathered * 2 // cfg.n_layers if shape.decode_weights.streams else gathered
 
 
 def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
@@ -231,6 +263,7 @@ def memory_plan(cfg: ModelConfig, shape: TrainShape) -> MemoryPlan:
         sampler_weights=local * act_bytes if act_bytes != param_bytes else 0,
         reference_weights=local * act_bytes if shape.reference_copy else 0,
         kv_row_copy=kv // 2 if shards == 1 else 0,
+        decode_gathered_weights=decode_gathered_weights(cfg, shape, state, specs, mesh),
     )
 
 
@@ -247,7 +280,7 @@ def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> in
     whose sampling peak fits `hbm_bytes`."""
     step, one = _rollout_step(cfg, shape)
     per_step = one.kv_cache + one.kv_row_copy
-    free = hbm_bytes - one.resident
+    free = hbm_bytes - one.resident - one.decode_gathered_weights
     return max(0, free // per_step) * step if per_step else 0
 
 
@@ -285,12 +318,14 @@ def format_plan(cfg: ModelConfig, shape: TrainShape, plan: MemoryPlan, hbm_gib: 
         f"{shape.context_len} tokens",
         f"  kv row copy       {g(plan.kv_row_copy)}   half the cache's rows, where its batch "
         "is not split (0: split)",
+        f"  decode experts    {g(plan.decode_gathered_weights)}   experts gathered over fsdp "
+        f"(sampling.decode_weights={shape.decode_weights})",
         f"  activations       {g(plan.activations)}   remat={shape.remat}, micro-batch "
         f"{shape.micro_batch} x {shape.seq_len} tokens{moe}",
         f"    of which attention scores {g(plan.attention_scores)} (one query chunk of "
         f"{ATTENTION_QUERY_CHUNK} at a time)",
         f"  sampling peak     {g(plan.sampling_peak)}   weights and copies + optimizer + kv cache "
-        "(+ row copy)",
+        "(+ row copy) + decode experts",
         f"  training peak     {g(plan.training_peak)}   weights and copies + optimizer + "
         "gradients + activations",
     ]
@@ -459,6 +494,7 @@ def plan_from_config(run, n_devices: int) -> tuple[ModelConfig, TrainShape]:
         rollout_batch=run.rollout_batch,
         context_len=run.sampling.max_context,
         reference_copy=run.train.kl_coef > 0,
+        decode_weights=run.sampling.decode_weights,
     )
     return run.model.arch, shape
 
@@ -493,14 +529,30 @@ def tensor_alternatives(run, n_devices: int,
     return sorted(found, key=lambda item: (item[2].peak, item[0]))
 
 
+def per_step_alternative(run, n_devices: int, hbm_bytes: int) -> MemoryPlan | None:
+    """The analytic plan of `run` with each decode step gathering the weights
+    (`DecodeWeights.PER_STEP`) where that fits `hbm_bytes` and `run` holds them resident."""
+    if run.sampling.decode_weights.streams:
+        return None
+    cfg, shape = plan_from_config(run, n_devices)
+    plan = memory_plan(cfg, dataclasses.replace(shape, decode_weights=DecodeWeights.PER_STEP))
+    return plan if plan.peak <= hbm_bytes else None
+
+
 def format_alternatives(run, n_devices: int, hbm_gib: float) -> str:
-    """One line naming the other tensor widths the analytic plan fits on this slice, or ''."""
-    found = tensor_alternatives(run, n_devices, int(hbm_gib * GIB))
-    if not found:
-        return ""
-    options = ", ".join(f"--config.mesh.tensor={tensor} (mesh {shape.mesh}): "
-                        f"{plan.peak / GIB:.1f} GiB" for tensor, shape, plan in found)
-    return f"other meshes the analytic plan fits (check with --compiled): {options}"
+    """Lines naming what else the analytic plan fits on this slice (other tensor widths, the
+    per-step decode weights), or ''."""
+    hbm = int(hbm_gib * GIB)
+    lines = []
+    if found := tensor_alternatives(run, n_devices, hbm):
+        options = ", ".join(f"--config.mesh.tensor={tensor} (mesh {shape.mesh}): "
+                            f"{plan.peak / GIB:.1f} GiB" for tensor, shape, plan in found)
+        lines.append(f"other meshes the analytic plan fits (check with --compiled): {options}")
+    if plan := per_step_alternative(run, n_devices, hbm):
+        lines.append(f"with each decode step gathering the weights, a slower decode (check with "
+                     f"--compiled): --config.sampling.decode_weights=per_step: "
+                     f"{plan.peak / GIB:.1f} GiB")
+    return "\n".join(lines)
 
 
 def device_memory_bytes() -> int:

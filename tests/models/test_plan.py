@@ -21,6 +21,7 @@ from spade_jax.plan import (
     topology_devices,
     tpu_topology_devices,
 )
+from spade_jax.sampling import DecodeWeights
 from spade_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
@@ -91,6 +92,42 @@ def test_parameter_bytes_follow_the_shardings():
     assert no_remat.activations > plan.activations
     assert "fits" in format_plan(CFG, SHAPE, plan, hbm_gib=16)
     assert "does NOT fit" in format_plan(CFG, SHAPE, plan, hbm_gib=1e-4)
+
+
+MOE_CFG = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
+                      head_dim=32, ffn_dim=512, qk_norm=True, n_experts=8, n_experts_per_tok=2,
+                      expert_ffn_dim=128, family="qwen3_moe")
+
+
+def test_the_decode_holds_the_experts_gathered_unless_it_gathers_them_per_step():
+    """The TPU compiler hoists the gathers of the experts' weights over fsdp out of the decode
+    loop: the sampling peak counts every layer's experts, split over tensor (4 of 8 experts
+    here) and gathered over fsdp, in bf16; gathered per step, two layers' of them; nothing
+    for a dense model or without fsdp."""
+    plan = memory_plan(MOE_CFG, SHAPE)
+    experts = 4 * 3 * (8 // 2) * 256 * 128 * 2  # layers x (gate, up, down) x experts x D x F
+    assert plan.decode_gathered_weights == experts
+    assert plan.sampling_peak == plan.resident + plan.kv_cache + experts
+    per_step = memory_plan(MOE_CFG, dataclasses.replace(
+        SHAPE, decode_weights=DecodeWeights.PER_STEP))
+    assert per_step.decode_gathered_weights == experts // 2
+    assert memory_plan(MOE_CFG, dataclasses.replace(
+        SHAPE, mesh=(1, 1, 8))).decode_gathered_weights == 0
+    assert memory_plan(CFG, SHAPE).decode_gathered_weights == 0
+
+
+def test_per_step_decode_weights_are_offered_where_the_gathered_experts_do_not_fit():
+    """30B at 32k on v5litepod-256: its decode's gathered experts (6.75 GiB per chip) take the
+    sampling peak past 16 GiB; gathered per step the same mesh fits."""
+    from spade_jax.plan import GIB, format_alternatives, per_step_alternative
+
+    run = _recipe_at("30b", 32768)
+    plan = per_step_alternative(run, 256, 16 * GIB)
+    assert plan is not None and plan.peak == plan.sampling_peak < 11 * GIB
+    assert format_alternatives(run, 256, 16).splitlines()[-1] == (
+        "with each decode step gathering the weights, a slower decode (check with --compiled): "
+        "--config.sampling.decode_weights=per_step: 10.9 GiB")
+    assert per_step_alternative(run, 256, 10 * GIB) is None
 
 
 def test_largest_rollout_batch_is_the_last_multiple_that_fits():
