@@ -128,9 +128,10 @@ def base_config() -> ml_collections.ConfigDict:
     # On CPU only: the decode programs' dots through YNNPACK's fusions (XLA's default) or
     # XLA's own dot emitter, see spade_jax/sampling/sampler.py.
     c.sampling.cpu_decode_dots = DecodeDots.YNNPACK.value
-    # Where the weights are split over fsdp: a decode loop holds them gathered (resident, the
-    # fastest) or gathers each layer's every step (per_step: for chips whose memory cannot
-    # hold the gathered copy, e.g. 30B on v5e); `python -m spade_jax.plan` counts the copy.
+    # Where the weights are split over fsdp: a decode loop holds the MoE experts gathered
+    # (resident, the fastest: XLA hoists their gathers) or gathers each layer's weights every
+    # step (per_step: for chips that cannot hold the gathered experts, e.g. 30B at 32k on
+    # v5e); `python -m spade_jax.plan` counts them.
     c.sampling.decode_weights = DecodeWeights.RESIDENT.value
 
     c.train = ml_collections.ConfigDict()

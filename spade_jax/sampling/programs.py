@@ -82,12 +82,13 @@ def weights_and_logits(model: Transformer, fused: dict | None):
 class DecodeWeights(enum.StrEnum):
     """`sampling.decode_weights`: how a decode loop reads layer weights split over 'fsdp'.
 
-    RESIDENT: as XLA schedules it, which hoists each layer's all-gather out of the loop, so
-    the devices hold every layer's weights split over 'tensor' only (in the compute dtype) for
-    the whole segment: no weight traffic per step, where the memory allows. PER_STEP: every
-    step gathers each layer's weights one layer ahead of its use (`unrolled_forward`'s
-    `stream_weights`), so a few layers' gathered weights are live, at the cost of moving
-    all the weights over the interconnect on every step. With fsdp 1 nothing is gathered.
+    RESIDENT: as XLA schedules it. The TPU compiler hoists the all-gathers of the MoE
+    experts' weights (the expert `shard_map` takes them whole over fsdp) out of the loop, so
+    the devices hold every layer's experts of their 'tensor' rank for the whole segment: no
+    expert traffic per step, where the memory allows. PER_STEP: every step gathers each
+    layer's weights one layer ahead of its use (`unrolled_forward`'s `stream_weights`), so a
+    few layers' gathered weights are live, at the cost of moving all the weights over the
+    interconnect on every step. With fsdp 1 nothing is gathered.
     """
 
     RESIDENT = "resident"
