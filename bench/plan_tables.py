@@ -10,9 +10,10 @@ the config's own mesh rule and rollout batch, and prints a Markdown table per co
 smallest slice whose peak (`spade_jax.plan.memory_plan`, the larger of the sampling and the
 training phase) fits in HBM, with that peak per chip and the largest rollout batch (conversations
 sampled at once, `spade_jax.plan.max_rollout_batch`) that slice holds. Where the recipe's
-mesh fits no slice, the smallest slice that another tensor width fits, named in the cell
-("v5litepod-256 (tensor 4): ..."; `spade_jax.plan.tensor_alternatives`); else "none" with the
-lowest peak seen.
+mesh fits no slice, the smallest slice that another tensor width fits, or else the recipe's
+mesh with each decode step gathering the weights, named in the cell ("v5litepod-256 (tensor
+4): ...", "(per-step decode weights)"; `spade_jax.plan.tensor_alternatives`,
+`per_step_alternative`); else "none" with the lowest peak seen.
 These are the analytic plan's figures, a model of the code's shapes (see its docstring).
 `--compiled` instead compiles each recipe's programs at full depth with the TPU compiler for
 the slice (`spade_jax.plan.compiled_plan`; needs libtpu, no TPU) and reports XLA's peak per
@@ -38,9 +39,11 @@ from spade_jax.plan import (
     compiled_plan,
     max_rollout_batch,
     memory_plan,
+    per_step_alternative,
     plan_from_config,
     tensor_alternatives,
     tpu_topology_devices,
+    with_per_step_decode_weights,
     with_tensor_width,
 )
 
@@ -81,11 +84,21 @@ def peak_gib(run, devices: int) -> float | None:
     return None if planned is None else planned[0]
 
 
-def _cell(name: str, peak: float, largest: int, tensor: int | None) -> str:
-    """'v5p-16: 69.6 GiB, ≤ 640', with '(tensor 4)' after the slice for a mesh not the
-    recipe's."""
-    mesh = "" if tensor is None else f" (tensor {tensor})"
-    return f"{name}{mesh}: {peak:.1f} GiB, ≤ {largest}"
+def _cell(name: str, peak: float, largest: int, variant: str | None) -> str:
+    """'v5p-16: 69.6 GiB, ≤ 640', with '(tensor 4)' after the slice for a variant of the
+    recipe (`alternatives`)."""
+    named = "" if variant is None else f" ({variant})"
+    return f"{name}{named}: {peak:.1f} GiB, ≤ {largest}"
+
+
+def alternatives(run, chips: int, hbm: int):
+    """(name, run, analytic plan) of what else fits `chips` chips where the recipe does not:
+    the other tensor widths, lowest peak first, then the recipe's mesh with each decode step
+    gathering the weights."""
+    for tensor, _, plan in tensor_alternatives(run, chips, hbm):
+        yield f"tensor {tensor}", with_tensor_width(run, tensor), plan
+    if plan := per_step_alternative(run, chips, hbm):
+        yield "per-step decode weights", with_per_step_decode_weights(run), plan
 
 
 def smallest_fit(config: str, context: int, generation: str) -> str:
@@ -106,16 +119,14 @@ def smallest_fit(config: str, context: int, generation: str) -> str:
             return _cell(slice_name(generation, chips), peak, largest, None)
         lowest = peak if lowest is None else min(lowest, peak)
     for chips in CHIPS:
-        found = tensor_alternatives(run, chips, hbm)
-        if found:
-            tensor, shape, plan = found[0]
-            largest = max_rollout_batch(run.model.arch, shape, hbm)
-            return _cell(slice_name(generation, chips), plan.peak / GIB, largest, tensor)
+        for variant, other, plan in alternatives(run, chips, hbm):
+            largest = max_rollout_batch(*plan_from_config(other, chips), hbm)
+            return _cell(slice_name(generation, chips), plan.peak / GIB, largest, variant)
     return "none" if lowest is None else f"none (≥ {lowest:.1f} GiB)"
 
 
 def _compiled_cell(run, chips: int, generation: str, analytic: float,
-                   tensor: int | None) -> tuple[str | None, float]:
+                   variant: str | None) -> tuple[str | None, float]:
     """Compile `run` for the slice of `chips` chips: (its cell if it fits, else None; the
     compiled peak GiB), with a progress line on stderr."""
     hbm_gib, _ = TOPOLOGIES[generation]
@@ -124,21 +135,21 @@ def _compiled_cell(run, chips: int, generation: str, analytic: float,
     plan = compiled_plan(run, chips, tpu_topology_devices(name))
     peak = plan.peak / GIB
     refused = f", refused: {', '.join(plan.refused)}" if plan.refused else ""
-    mesh = "" if tensor is None else f" tensor {tensor}"
-    print(f"  {name}{mesh}: compiled {peak:.1f} GiB (sampling {plan.sampling_peak / GIB:.1f}, "
+    named = "" if variant is None else f" ({variant})"
+    print(f"  {name}{named}: compiled {peak:.1f} GiB (sampling {plan.sampling_peak / GIB:.1f}, "
           f"training {plan.training_peak / GIB:.1f}; analytic {analytic:.1f}{refused}), "
           f"{time.time() - start:.0f} s", file=sys.stderr, flush=True)
     if not plan.fits(hbm_gib * GIB):
         return None, peak
     arch, shape = plan_from_config(run, chips)
     largest = compiled_max_rollout_batch(plan, arch, shape, int(hbm_gib * GIB))
-    return _cell(name, peak, largest, tensor), peak
+    return _cell(name, peak, largest, variant), peak
 
 
 def compiled_fit(config: str, context: int, generation: str) -> str:
     """`smallest_fit` from the compiled plan: from the analytic plan's smallest fitting slice
     up, the first whose programs, compiled at full depth for the slice, fit; where none does
-    with the recipe's mesh, the other tensor widths the analytic plan fits, lowest first."""
+    with the recipe, its `alternatives` the analytic plan fits, in their order."""
     hbm_gib, _ = TOPOLOGIES[generation]
     run = slice_run(config, context)
     print(f"{config} at {context} tokens on {generation}:", file=sys.stderr, flush=True)
@@ -157,9 +168,8 @@ def compiled_fit(config: str, context: int, generation: str) -> str:
             return cell
         compiled.append(peak)
     for chips in CHIPS:
-        for tensor, _, plan in tensor_alternatives(run, chips, int(hbm_gib * GIB)):
-            cell, peak = _compiled_cell(with_tensor_width(run, tensor), chips, generation,
-                                        plan.peak / GIB, tensor)
+        for variant, other, plan in alternatives(run, chips, int(hbm_gib * GIB)):
+            cell, peak = _compiled_cell(other, chips, generation, plan.peak / GIB, variant)
             if cell:
                 return cell
             compiled.append(peak)

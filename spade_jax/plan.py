@@ -510,6 +510,12 @@ def with_tensor_width(run, tensor: int):
                                                              tensor=tensor))
 
 
+def with_per_step_decode_weights(run):
+    """`run` with each decode step gathering the weights (`DecodeWeights.PER_STEP`)."""
+    return dataclasses.replace(run, sampling=dataclasses.replace(
+        run.sampling, decode_weights=DecodeWeights.PER_STEP))
+
+
 def tensor_alternatives(run, n_devices: int,
                         hbm_bytes: int) -> list[tuple[int, TrainShape, MemoryPlan]]:
     """The tensor widths other than `run`'s whose analytic plan fits `hbm_bytes` per device on
@@ -531,11 +537,14 @@ def tensor_alternatives(run, n_devices: int,
 
 def per_step_alternative(run, n_devices: int, hbm_bytes: int) -> MemoryPlan | None:
     """The analytic plan of `run` with each decode step gathering the weights
-    (`DecodeWeights.PER_STEP`) where that fits `hbm_bytes` and `run` holds them resident."""
+    (`DecodeWeights.PER_STEP`) where that fits `hbm_bytes` on `n_devices` and `run` holds them
+    resident; else None."""
     if run.sampling.decode_weights.streams:
         return None
-    cfg, shape = plan_from_config(run, n_devices)
-    plan = memory_plan(cfg, dataclasses.replace(shape, decode_weights=DecodeWeights.PER_STEP))
+    try:
+        plan = memory_plan(*plan_from_config(with_per_step_decode_weights(run), n_devices))
+    except ConfigError:  # the mesh rule does not divide n_devices
+        return None
     return plan if plan.peak <= hbm_bytes else None
 
 

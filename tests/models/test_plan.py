@@ -128,6 +128,12 @@ def test_per_step_decode_weights_are_offered_where_the_gathered_experts_do_not_f
         "with each decode step gathering the weights, a slower decode (check with --compiled): "
         "--config.sampling.decode_weights=per_step: 10.9 GiB")
     assert per_step_alternative(run, 256, 10 * GIB) is None
+    assert per_step_alternative(run, 4, 10_000 * GIB) is None  # tensor 8 cannot split 4 chips
+    # the slice tables try the other tensor widths first, then the per-step decode weights
+    found = list(_plan_tables().alternatives(run, 256, 16 * GIB))
+    assert [name for name, _, _ in found] == ["tensor 16", "per-step decode weights"]
+    assert found[1][1].sampling.decode_weights is DecodeWeights.PER_STEP
+    assert found[1][2] == plan
 
 
 def test_largest_rollout_batch_is_the_last_multiple_that_fits():
@@ -202,6 +208,15 @@ def test_other_tensor_widths_are_offered_where_the_recipes_mesh_does_not_fit():
     assert sorted(t for t, _, _ in small) == [1, 2, 4]
 
 
+def _plan_tables():
+    """bench/plan_tables.py as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "plan_tables", Path(__file__).parents[2] / "bench" / "plan_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
+
+
 def test_cli_and_table_name_the_tensor_width_that_fits():
     """`plan` prints the alternatives after a refusal; the slice table's cell names the mesh
     where it is not the recipe's."""
@@ -214,10 +229,7 @@ def test_cli_and_table_name_the_tensor_width_that_fits():
     assert "verdict: does NOT fit" in result.stdout
     assert ("other meshes the analytic plan fits (check with --compiled): "
             "--config.mesh.tensor=4 (mesh (1, 64, 4)): 10.6 GiB") in result.stdout
-    spec = importlib.util.spec_from_file_location(
-        "plan_tables", Path(__file__).parents[2] / "bench" / "plan_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = _plan_tables()
     assert tables.smallest_fit("8b", 32768, "v5e").startswith("v5litepod-256 (tensor 4): 10.6")
     assert tables.smallest_fit("8b", 8192, "v5e").startswith("v5litepod-64: 12.0 GiB")
 
