@@ -16,7 +16,7 @@ mesh with each decode step gathering the weights, named in the cell ("v5litepod-
 `per_step_alternative`); else "none" with the lowest peak seen.
 These are the analytic plan's figures, a model of the code's shapes (see its docstring).
 `--compiled` instead compiles each recipe's programs at full depth with the TPU compiler for
-the slice (`spade_jax.plan.compiled_plan`; needs libtpu, no TPU) and reports XLA's peak per
+the slice (`spade_jax.compiled_plan`; needs libtpu, no TPU) and reports XLA's peak per
 chip, with the largest rollout batch from the compiled peak plus the KV cache's exact bytes
 per further row (`compiled_max_rollout_batch`). Its search starts at the analytic plan's
 smallest fitting slice: the analytic plan leaves out the programs' temporaries, so it has
@@ -30,13 +30,12 @@ import argparse
 import sys
 import time
 
+from spade_jax.compiled_plan import compiled_max_rollout_batch, compiled_plan
 from spade_jax.config import load_config_file, parse
 from spade_jax.errors import ConfigError
 from spade_jax.plan import (
     GIB,
     TOPOLOGIES,
-    compiled_max_rollout_batch,
-    compiled_plan,
     max_rollout_batch,
     memory_plan,
     per_step_alternative,

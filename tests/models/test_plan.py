@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from spade_jax.compiled_plan import CompiledPlan, compiled_max_rollout_batch
 from spade_jax.errors import ConfigError
 from spade_jax.models.config import ModelConfig
 from spade_jax.plan import (
-    CompiledPlan,
     TrainShape,
     _topology_dims,
-    compiled_max_rollout_batch,
     format_plan,
     max_rollout_batch,
     memory_plan,
@@ -311,7 +310,7 @@ def test_compiled_plan_is_exact_at_depth_and_extrapolates_within_10_percent():
     extrapolation to 4 layers is within 10 % of them, where the 4-layer programs are more than
     10 % larger than the 2-layer ones; the resident state is the full-depth state's shards
     (float32 masters, two float32 moments, the bf16 sampler copy)."""
-    from spade_jax.plan import SAMPLER_PROGRAMS, compiled_plan
+    from spade_jax.compiled_plan import SAMPLER_PROGRAMS, compiled_plan
 
     run = _small_run(layers=4)
     exact = compiled_plan(run, 8)
@@ -344,7 +343,8 @@ def test_a_program_the_tpu_compiler_refuses_is_reported_as_not_fitting():
     the extend (RESOURCE_EXHAUSTED, its temporaries alone over the chip's HBM). The compiled
     plan goes on, names the program with the compiler's words and its figure as a lower bound,
     and says the config does not fit, where it used to die with the compiler's error."""
-    from spade_jax.plan import GIB, compiled_plan, format_compiled_plan
+    from spade_jax.compiled_plan import compiled_plan, format_compiled_plan
+    from spade_jax.plan import GIB
 
     run = _small_run(layers=2, head_dim=128, mesh=(1, 4, 1), context=262144, plays=14)
     assert run.rollout_batch == 64
