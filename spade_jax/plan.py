@@ -17,7 +17,8 @@ pod run gets; otherwise (or with --compile_for=cpu) on as many fake CPU devices 
 has chips, whose compiler keeps float32 copies of bf16 operands (whole KV-cache layers, expert
 weights) that a TPU does not (minutes for 30B on a CPU host either way). Where the config
 does not fit (analytic or compiled), the plan names the other `--config.mesh.tensor` widths
-whose analytic plan fits the slice (`tensor_alternatives`), to check with `--compiled`.
+whose analytic plan fits the slice (`tensor_alternatives`) and, for a MoE, whether gathering
+the decode's weights every step would (`per_step_alternative`), to check with `--compiled`.
 
 Nothing is allocated: the model is built with `nnx.eval_shape`, and each parameter's spec is
 fitted to an `AbstractMesh` of the configured (data, fsdp, tensor) shape exactly as on real
@@ -280,7 +281,7 @@ def max_rollout_batch(cfg: ModelConfig, shape: TrainShape, hbm_bytes: int) -> in
     whose sampling peak fits `hbm_bytes`."""
     step, one = rollout_step(cfg, shape)
     per_step = one.kv_cache + one.kv_row_copy
-    free = hbm_bytes - one.resident - one.decode_gathered_weights
+    free = hbm_bytes - (one.sampling_peak - per_step)  # what does not grow with the batch
     return max(0, free // per_step) * step if per_step else 0
 
 
@@ -465,7 +466,11 @@ def check_rollout_fits(run, n_devices: int, bytes_per_device: int) -> None:
         + (f"(and {gib(plan.kv_row_copy)} for a copy of half its rows) " if plan.kv_row_copy
            else "")
         + f"plus {gib(plan.resident)} of parameters, their sampler / KL copies and optimizer "
-        f"state, but a device has {gib(bytes_per_device)}. At most {fits} "
+        "state"
+        + (f" and {gib(plan.decode_gathered_weights)} of experts the decode holds gathered "
+           "(sampling.decode_weights=per_step gathers them every step)"
+           if plan.decode_gathered_weights and not shape.decode_weights.streams else "")
+        + f", but a device has {gib(bytes_per_device)}. At most {fits} "
         "conversations fit: lower spade.plays_per_env, spade.hint_plays_per_env, "
         "spade.games_per_cycle or "
         "spade.replay_per_cycle, shorten conversations (spade.max_turns, "
