@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.plan import GIB, TrainShape, rollout_step
@@ -109,15 +108,13 @@ def compiled_plan(run, n_devices: int, devices=None, layers: int | None = None) 
     program_peaks = {name: (found[0], found[1] - found[0] if len(found) > 1 else None)
                      for name, found in peaks.items()}
     full = summary["full_state"]
-    ratio = jnp.dtype(run.model.compute_dtype).itemsize / jnp.dtype(
-        run.model.param_dtype).itemsize
-    copy = int(full["params_bytes"] * ratio)
+    resident = full["resident"]  # what each program was compiled to leave room for
     return CompiledPlan(
         layers=full["layers"], compiled_layers=depths[0] or depth,
         platform=(devices or jax.devices())[0].platform, program_peaks=program_peaks,
-        parameters=full["params_bytes"], optimizer=full["optimizer_bytes"],
-        sampler_weights=copy if ratio != 1 else 0,
-        reference_weights=copy if run.train.kl_coef else 0, refused=refused)
+        parameters=resident.masters, optimizer=resident.optimizer,
+        sampler_weights=resident.sampler_copy, reference_weights=resident.reference,
+        refused=refused)
 
 
 def format_compiled_plan(plan: CompiledPlan, hbm_gib: float) -> str:

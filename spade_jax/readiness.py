@@ -193,16 +193,6 @@ def abstract_train_state(model_cfg, optimizer, mesh, param_dtype):
     return model, state
 
 
-def per_device_bytes(tree) -> int:
-    """Bytes one device holds of a tree of ShapeDtypeStructs with shardings (the largest shard)."""
-    import math
-
-    import jax
-
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-               for x in jax.tree.leaves(tree))
-
-
 def train_batch(rows: int, seq_len: int) -> dict:
     """Abstract train batch in the format of `spade.batch.assemble_batch`."""
     import jax
@@ -226,15 +216,16 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     `layers` replaces the decoder depth (None: the config's); `programs` keeps only those
     programs (None: all three). `devices` (None: the visible ones) may be a TPU topology's
     (`spade_jax.plan.tpu_topology_devices`): the programs are then compiled ahead of time by
-    the TPU compiler, with no TPU attached. Returns the program reports and a summary dict
-    (mesh, parameter counts, shapes used).
+    the TPU compiler, with no TPU attached, each for the HBM its chip has beside the arrays
+    that stay resident through the other phase (`ResidentBytes`, as the runtime compiles them).
+    Returns the program reports and a summary dict (mesh, parameter counts, shapes used).
     """
     import jax
 
     from spade_jax.rl.trainer import Remat, TrainStep, make_optimizer
     from spade_jax.sampling.programs import bucket_at_most
     from spade_jax.sampling.sampler import Sampler
-    from spade_jax.sharding import make_mesh
+    from spade_jax.sharding import ResidentBytes, make_mesh, per_device_bytes
 
     unknown = sorted(set(programs or ()) - set(PROGRAMS))
     if unknown:
@@ -251,12 +242,16 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     optimizer = make_optimizer(t)
     # The full-depth state, abstractly: proves every parameter's spec fits the real mesh.
     _, full_state = abstract_train_state(full_cfg, optimizer, mesh, run_cfg.model.param_dtype)
+    # what stays beside each program at full depth: each is compiled to fit the chip's rest
+    resident = ResidentBytes.of(full_state.params, full_state.opt_state,
+                                run_cfg.model.compute_dtype, kl=bool(run_cfg.train.kl_coef))
     full = dict(layers=full_cfg.n_layers,
                 n_params=sum(x.size for x in jax.tree.leaves(full_state.params)),
                 params_bytes=per_device_bytes(full_state.params),
                 optimizer_bytes=per_device_bytes(full_state.opt_state),
                 moment_dtypes=sorted({str(x.dtype) for x in jax.tree.leaves(full_state.opt_state)
-                                      if x.ndim}))
+                                      if x.ndim}),
+                resident=resident)
     del full_state
     model, state = abstract_train_state(model_cfg, optimizer, mesh, run_cfg.model.param_dtype)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -267,8 +262,9 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
 
     compute_dtype = run_cfg.model.compute_dtype
     step = TrainStep(model_cfg, optimizer, mesh, t, micro_batches=micro_batches,
-                     compute_dtype=compute_dtype)
+                     compute_dtype=compute_dtype, reserved_bytes=resident.beside_train_step)
     sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype=compute_dtype,
+                      reserved_bytes=resident.beside_sampler,
                       **run_cfg.sampling.sampler_options())
     # padded as a Session pads it: to the axes the KV cache's batch is split over (all three
     # where the KV heads are too few for 'tensor'); unpadded, the cache would be replicated

@@ -1,4 +1,5 @@
-"""Meshes and parameter shardings over the axes ('data', 'fsdp', 'tensor').
+"""Meshes and parameter shardings over the axes ('data', 'fsdp', 'tensor'), and the bytes
+each device holds of them.
 
 Every parameter declares a logical PartitionSpec (NNX `sharding_names` metadata). A spec is
 fitted to a concrete mesh by dropping any axis that does not divide the dimension it shards
@@ -7,11 +8,15 @@ fitted to a concrete mesh by dropping any axis that does not divide the dimensio
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import flax.nnx as nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the axes a batch (rows, tokens, KV-cache rows) is split over
@@ -118,3 +123,64 @@ def param_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
         param_specs(state, mesh),
         is_leaf=lambda x: isinstance(x, PartitionSpec),
     )
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of arrays or ShapeDtypeStructs with shardings (the
+    largest shard of each)."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree))
+
+
+# The TPU compiler's option for HBM that arrays outside the program hold: it then keeps the
+# program within the rest (untold, it plans each program for the whole HBM).
+TPU_RESERVED_HBM_OPTION = "xla_tpu_user_reserved_hbm_bytes"
+
+
+def reserved_memory_options(mesh: Mesh | AbstractMesh, reserved_bytes: int) -> dict:
+    """XLA compiler options for a program on `mesh` that runs beside `reserved_bytes` per
+    device of other arrays: the TPU compiler's reservation; nothing on other platforms (or an
+    abstract mesh, which has no devices to compile for)."""
+    platform = mesh.devices.flat[0].platform if isinstance(mesh, Mesh) else None
+    if platform == "tpu" and reserved_bytes > 0:
+        return {TPU_RESERVED_HBM_OPTION: int(reserved_bytes)}
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidentBytes:
+    """Per-device bytes that stay in HBM through both phases of a cycle, and so beside each
+    phase's programs: the master weights, the AdamW state, the sampler's own copy of the
+    weights in the compute dtype (0 when it shares the masters) and KL's frozen reference
+    copy (0 without KL)."""
+
+    masters: int
+    optimizer: int
+    sampler_copy: int
+    reference: int
+
+    @classmethod
+    def of(cls, params, opt_state, compute_dtype, kl: bool) -> ResidentBytes:
+        """The resident bytes of a train state's `params` and `opt_state` (arrays or
+        ShapeDtypeStructs with shardings) with weight copies in `compute_dtype`."""
+        dtype = jnp.dtype(compute_dtype)
+        copy = sum(math.prod(x.sharding.shard_shape(x.shape))
+                   * (dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype).itemsize
+                   for x in jax.tree.leaves(params))
+        masters = per_device_bytes(params)
+        own_copy = any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype
+                       for x in jax.tree.leaves(params))
+        return cls(masters=masters, optimizer=per_device_bytes(opt_state),
+                   sampler_copy=copy if own_copy else 0, reference=copy if kl else 0)
+
+    @property
+    def beside_sampler(self) -> int:
+        """What the sampler's programs run beside: the optimizer state, KL's copy and the
+        masters (which are the sampler's own weights, its arguments, when it has no copy)."""
+        return self.optimizer + self.reference + (self.masters if self.sampler_copy else 0)
+
+    @property
+    def beside_train_step(self) -> int:
+        """What the train step runs beside: the sampler's copy (the masters, the optimizer
+        state and KL's copy are its arguments)."""
+        return self.sampler_copy

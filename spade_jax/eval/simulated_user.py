@@ -43,8 +43,10 @@ def load_user_model(rt, source: str) -> UserModel:
 
     run = dataclasses.replace(rt.run, model=dataclasses.replace(rt.run.model, source=source))
     model, tokenizer = load_model_and_tokenizer(run, rt.mesh)
+    # it samples beside everything the policy's sampler runs beside, and that sampler's copy
+    reserved = rt.resident.beside_sampler + rt.resident.sampler_copy
     return UserModel(Sampler(model, mesh=rt.mesh, compute_dtype=run.model.compute_dtype,
-                             **run.sampling.sampler_options()),
+                             reserved_bytes=reserved, **run.sampling.sampler_options()),
                      ChatFormat(tokenizer))
 
 

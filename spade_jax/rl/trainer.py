@@ -38,7 +38,12 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.logprobs import token_logprobs
 from spade_jax.rl.losses import LossAggregation, ppo_clip_loss
-from spade_jax.sharding import BATCH_AXES, param_shardings, traced_in_mesh
+from spade_jax.sharding import (
+    BATCH_AXES,
+    param_shardings,
+    reserved_memory_options,
+    traced_in_mesh,
+)
 
 ROUTER_LOAD_KEY = "router_load"  # the sums' entry holding a MoE's `moe.RouterLoad` per layer
 
@@ -221,7 +226,7 @@ class TrainStep:
 
     def __init__(self, model_cfg: ModelConfig, optimizer, mesh: Mesh,
                  config: TrainConfig = TrainConfig(), micro_batches: int = 1,
-                 compute_dtype=jnp.float32):
+                 compute_dtype=jnp.float32, reserved_bytes: int = 0):
         self.config = config
         self.aggregation = LossAggregation(config.loss_aggregation)
         self.micro_batches = micro_batches
@@ -231,9 +236,13 @@ class TrainStep:
         self.graphdef, _ = _abstract_split(model_cfg)
         self.shardings = state_shardings(model_cfg, optimizer, mesh)
         self.replicated = NamedSharding(mesh, PartitionSpec())
+        # per device, what stays resident beside the step (the sampler's weight copy,
+        # `ResidentBytes.beside_train_step`): the TPU compiler keeps the step within the rest
+        self.compiler_options = reserved_memory_options(mesh, reserved_bytes) or None
         self._jitted: dict = {}
         self._apply_sums = jax.jit(self._apply, donate_argnums=(0,),
-                                   out_shardings=(self.shardings, self.replicated))
+                                   out_shardings=(self.shardings, self.replicated),
+                                   compiler_options=self.compiler_options)
 
     def _loss(self, params, micro, reference):
         return traced_in_mesh(_micro_loss, self.mesh)(
@@ -309,13 +318,15 @@ class TrainStep:
                     lambda state, ref, b, skipped: self._apply(
                         state, self._gradient_sums(state.params, ref, b, m), skipped),
                     in_shardings=(self.shardings, ref_sh, in_batch, rep),
-                    out_shardings=(self.shardings, rep), donate_argnums=(0,))
+                    out_shardings=(self.shardings, rep), donate_argnums=(0,),
+                    compiler_options=self.compiler_options)
             else:
                 self._jitted[key] = jax.jit(
                     lambda params, ref, b, acc: self._gradient_sums(params, ref, b, m, acc),
                     in_shardings=(self.shardings.params, ref_sh, in_batch,
                                   (self.shardings.params, rep, rep)),
-                    out_shardings=(self.shardings.params, rep, rep), donate_argnums=(3,))
+                    out_shardings=(self.shardings.params, rep, rep), donate_argnums=(3,),
+                    compiler_options=self.compiler_options)
         return self._jitted[key]
 
     def _zeros_for(self, params, batch: dict, reference):

@@ -72,6 +72,7 @@ from spade_jax.sharding import (
     kv_cache_axes,
     make_mesh,
     param_shardings,
+    reserved_memory_options,
     traced_in_mesh,
 )
 
@@ -122,6 +123,9 @@ class Sampler:
     `decode_dots`: how the CPU decode programs compile their dots (`DecodeDots`).
     `decode_weights`: whether a decode loop holds the weights gathered over 'fsdp' or gathers
     them every step (`DecodeWeights`).
+    `reserved_bytes`: per device, what stays resident beside the sampler's programs (the
+    trainer's state, `ResidentBytes.beside_sampler`); the TPU compiler keeps them within the
+    rest of the HBM (`reserved_memory_options`).
     """
 
     def __init__(self, model: Transformer, *, mesh: Mesh | None = None,
@@ -129,7 +133,8 @@ class Sampler:
                  compute_dtype=None, prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE,
                  kv_layout: KVLayout | str | None = None,
                  decode_dots: DecodeDots | str = DecodeDots.YNNPACK,
-                 decode_weights: DecodeWeights | str = DecodeWeights.RESIDENT):
+                 decode_weights: DecodeWeights | str = DecodeWeights.RESIDENT,
+                 reserved_bytes: int = 0):
         if int(prefill_tokens) < MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {MIN_BUCKET} tokens per device")
@@ -144,6 +149,7 @@ class Sampler:
         self.decode_dots = DecodeDots(decode_dots)
         self.decode_weights = DecodeWeights(decode_weights)
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
+        self.reserved_bytes = int(reserved_bytes)
         self.graphdef, state = nnx.split(model)
         self._state_shardings = param_shardings(state, self.mesh)
         self._prepare = jax.jit(
@@ -265,7 +271,8 @@ class Sampler:
             self._jitted[key] = jax.jit(
                 partial(programs.grow_layer, **static, layout=self.kv_layout),
                 in_shardings=cache_sh[0],
-                out_shardings=self._cache_shardings(batch, static["new_window"])[0])
+                out_shardings=self._cache_shardings(batch, static["new_window"])[0],
+                compiler_options=self._compiler_options(name))
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh)
@@ -288,11 +295,17 @@ class Sampler:
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
-        options = self.decode_dots.compiler_options(self.mesh.devices.flat[0].platform, name)
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
                                     out_shardings=out_sh, donate_argnums=(2,),
-                                    compiler_options=options)
+                                    compiler_options=self._compiler_options(name))
         return self._jitted[key]
+
+    def _compiler_options(self, program: str) -> dict | None:
+        """XLA options of `program`: the decode's dot path, the HBM reserved beside it."""
+        platform = self.mesh.devices.flat[0].platform
+        options = {**(self.decode_dots.compiler_options(platform, program) or {}),
+                   **reserved_memory_options(self.mesh, self.reserved_bytes)}
+        return options or None
 
     def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET):
         """`jax.jit(...).lower` of the 'extend' (`width` tokens per row) or 'decode' program

@@ -27,7 +27,7 @@ from spade_jax.rl.trainer import TrainStep, compute_copy, init_train_state, make
 from spade_jax.sampling.engine import Engine, Request
 from spade_jax.sampling.generate import Completion
 from spade_jax.sampling.sampler import Sampler
-from spade_jax.sharding import make_mesh
+from spade_jax.sharding import ResidentBytes, make_mesh
 from spade_jax.spade.batch import (
     TrainSample,
     drop_zero_advantage,
@@ -81,8 +81,13 @@ class Runtime:
         compute_dtype = jnp.dtype(run.model.compute_dtype)
         self.optimizer = make_optimizer(self.train_config)
         self.train_state = init_train_state(model, self.optimizer, mesh)
+        # what stays in device memory through both phases: each phase's programs are compiled
+        # for the rest (on TPU; the compiler would otherwise plan for the whole HBM)
+        self.resident = ResidentBytes.of(self.train_state.params, self.train_state.opt_state,
+                                         compute_dtype, kl=bool(self.train_config.kl_coef))
         self.train_step = TrainStep(model.cfg, self.optimizer, mesh, self.train_config,
-                                    compute_dtype=compute_dtype)
+                                    compute_dtype=compute_dtype,
+                                    reserved_bytes=self.resident.beside_train_step)
         # KL's reference policy: the initial weights, frozen, in the compute dtype (a resumed
         # run rebuilds it from the same model.source before restoring the train state)
         self.reference_params = (
@@ -90,6 +95,7 @@ class Runtime:
                          self.train_step.shardings.params)
             if self.train_config.kl_coef else None)
         self.sampler = Sampler(model, mesh=mesh, compute_dtype=compute_dtype,
+                               reserved_bytes=self.resident.beside_sampler,
                                **run.sampling.sampler_options())
         max_turns = run.spade.max_turns
         self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns)
