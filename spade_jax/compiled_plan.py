@@ -13,6 +13,7 @@ import jax
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.plan import GIB, TrainShape, rollout_step
+from spade_jax.sharding import ResidentBytes
 
 SAMPLER_PROGRAMS = ("sampler.extend", "sampler.decode")
 MIN_COMPILED_LAYERS = 2  # XLA compiles a one-step layer loop as straight-line code, whose
@@ -59,18 +60,22 @@ class CompiledPlan:
         return peak + (layers - self.compiled_layers) * per_layer
 
     @property
+    def resident(self) -> ResidentBytes:
+        return ResidentBytes(self.parameters, self.optimizer, self.sampler_weights,
+                             self.reference_weights)
+
+    @property
     def sampling_peak(self) -> int:
-        """The larger sampler program (its weights and KV cache are its arguments) beside the
-        optimizer state, the master weights when the sampler has its own copy, and KL's copy."""
-        masters = self.parameters if self.sampler_weights else 0
+        """The larger sampler program (its weights and KV cache are its arguments) beside what
+        stays resident (`ResidentBytes.beside_sampler`)."""
         program = max(self.program_peak(name) for name in SAMPLER_PROGRAMS)
-        return program + self.optimizer + masters + self.reference_weights
+        return program + self.resident.beside_sampler
 
     @property
     def training_peak(self) -> int:
         """The train step (weights, optimizer state, KL copy and batch are its arguments)
-        beside the sampler's weight copy."""
-        return self.program_peak("train_step") + self.sampler_weights
+        beside the sampler's weight copy (`ResidentBytes.beside_train_step`)."""
+        return self.program_peak("train_step") + self.resident.beside_train_step
 
     @property
     def peak(self) -> int:

@@ -225,7 +225,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     from spade_jax.rl.trainer import Remat, TrainStep, make_optimizer
     from spade_jax.sampling.programs import bucket_at_most
     from spade_jax.sampling.sampler import Sampler
-    from spade_jax.sharding import ResidentBytes, make_mesh, per_device_bytes
+    from spade_jax.sharding import ResidentBytes, make_mesh
 
     unknown = sorted(set(programs or ()) - set(PROGRAMS))
     if unknown:
@@ -247,8 +247,6 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
                                 run_cfg.model.compute_dtype, kl=bool(run_cfg.train.kl_coef))
     full = dict(layers=full_cfg.n_layers,
                 n_params=sum(x.size for x in jax.tree.leaves(full_state.params)),
-                params_bytes=per_device_bytes(full_state.params),
-                optimizer_bytes=per_device_bytes(full_state.opt_state),
                 moment_dtypes=sorted({str(x.dtype) for x in jax.tree.leaves(full_state.opt_state)
                                       if x.ndim}),
                 resident=resident)
@@ -394,8 +392,8 @@ def main(argv) -> None:
     gib = 1 << 30
     print(f"== abstract TrainState at full depth ({full['layers']} layers, "
           f"{full['n_params'] / 1e9:.2f}B parameters) on mesh {summary['mesh']} ==")
-    print(f"per device: parameters {full['params_bytes'] / gib:.2f} GiB, optimizer state "
-          f"{full['optimizer_bytes'] / gib:.2f} GiB (Adam moments in "
+    print(f"per device: parameters {full['resident'].masters / gib:.2f} GiB, optimizer state "
+          f"{full['resident'].optimizer / gib:.2f} GiB (Adam moments in "
           f"{', '.join(full['moment_dtypes'])})")
     print(f"== programs at {summary['layers']} layers ({summary['n_params'] / 1e9:.2f}B "
           f"parameters), mesh {summary['mesh']} ==")
