@@ -67,7 +67,9 @@ def test_only_the_tpu_compiler_is_given_a_reservation():
 
 @needs_libtpu
 def test_the_sampler_and_the_train_step_compile_with_the_reservation_on_tpu():
-    """Their TPU programs get the option (compiled below); CPU ones get none."""
+    """Their TPU programs get the option, and the TPU compiler takes it (it refuses an option
+    it does not know, so a misspelt one fails here); CPU ones get none."""
+    from spade_jax.readiness import abstract_train_state, train_batch
     from spade_jax.rl.trainer import TrainConfig, TrainStep, make_optimizer
 
     tpu = make_mesh((1, 4, 2), tpu_topology_devices("v5e-8"))
@@ -76,12 +78,15 @@ def test_the_sampler_and_the_train_step_compile_with_the_reservation_on_tpu():
     cfg = ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=8, n_kv_heads=4,
                       head_dim=64, ffn_dim=512, qk_norm=True)
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    sampler = Sampler(model, mesh=tpu, fuse_weights=False, reserved_bytes=2**30)
     for name in ("extend", "decode", "grow_layer"):
-        assert Sampler(model, mesh=tpu, fuse_weights=False, reserved_bytes=7)._compiler_options(
-            name) == {TPU_RESERVED_HBM_OPTION: 7}
+        assert sampler._compiler_options(name) == {TPU_RESERVED_HBM_OPTION: 2**30}
+    sampler.lower("decode", 8, 256).compile()
     optimizer = make_optimizer(TrainConfig())
-    assert TrainStep(cfg, optimizer, tpu, reserved_bytes=7).compiler_options == {
-        TPU_RESERVED_HBM_OPTION: 7}
+    step = TrainStep(cfg, optimizer, tpu, reserved_bytes=2**30)
+    assert step.compiler_options == {TPU_RESERVED_HBM_OPTION: 2**30}
+    _, state = abstract_train_state(cfg, optimizer, tpu, "float32")
+    step.lower(state, train_batch(8, 128)).compile()
     assert TrainStep(cfg, optimizer, make_mesh((1, 1, 1), jax.devices()[:1]),
                      reserved_bytes=7).compiler_options is None
 
