@@ -9,7 +9,7 @@ Point model.source at a local HF checkpoint directory (e.g. copied from a gs:// 
 Experts are sharded over the 'tensor' axis; see spade_jax/models/transformer.py.
 """
 
-from spade_jax.config import arch, base_config
+from spade_jax.defaults import arch, base_config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """Qwen3-32B (dense). Point model.source at a local HF checkpoint directory."""
 
-from spade_jax.config import arch, base_config
+from spade_jax.defaults import arch, base_config
 
 
 def get_config():

@@ -8,7 +8,7 @@ Designer 16384 tokens). Its later phase (reference `cmd/games/README.md`) resume
     --config.spade.blend.plateau_hi=0.4 --config.spade.blend.plateau_ramp=0.2
 """
 
-from spade_jax.config import arch, base_config
+from spade_jax.defaults import arch, base_config
 
 
 def get_config():

@@ -5,7 +5,7 @@ Reference `cmd/games/train_spade_8b.sh`: the games defaults of `base_config` exc
 also turns Qwen3 thinking on for both roles, which this config does not model.
 """
 
-from spade_jax.config import arch, base_config
+from spade_jax.defaults import arch, base_config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct on CPU: the embedded default, a few SPADE cycles in under 30 minutes."""
 
-from spade_jax.config import arch, base_config
+from spade_jax.defaults import arch, base_config
 
 
 def get_config():

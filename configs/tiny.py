@@ -1,6 +1,6 @@
 """Tiny random model for tests and smoke runs: one SPADE cycle in about a minute on 2 CPU cores."""
 
-from spade_jax.config import arch, base_config
+from spade_jax.defaults import arch, base_config
 
 
 def get_config():

@@ -66,7 +66,7 @@ def build_tokenizer(directory: Path) -> int:
 
 def learning_config(tokenizer_dir: Path, vocab_size: int):
     """The tiny config on the tiny vocabulary, sized for learning tests."""
-    from spade_jax.config import arch, base_config
+    from spade_jax.defaults import arch, base_config
 
     c = base_config()
     c.model.source = "random"

@@ -265,7 +265,8 @@ def test_kernel_choice(kernel, backend, dtype, expected):
 
 
 def test_model_config_takes_the_kernel_from_the_run_config():
-    from spade_jax.config import base_config, load_config_file, parse
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.defaults import base_config
     from spade_jax.errors import ConfigError
 
     assert base_config().model.attention == "auto"

@@ -289,7 +289,8 @@ def _small_run(layers: int, *, head_dim: int = 32, mesh=(1, 4, 2), context: int 
     """A config whose decoder layers weigh in the programs' memory (d_model 256, vocab 1024),
     by default on a (1, 4, 2) mesh of the 8 fake CPU devices, with bf16 compute (a sampler
     copy); its rollout batch is 4 environments x (`plays` + 2 hint plays)."""
-    from spade_jax.config import arch, load_config_file, parse
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.defaults import arch
 
     c = load_config_file("tiny")
     c.model.arch = arch(vocab_size=1024, d_model=256, n_layers=layers, n_heads=8, n_kv_heads=4,

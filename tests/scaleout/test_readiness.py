@@ -49,7 +49,7 @@ def _small_moe_train_ratios(mesh: dict, capacity_factor=None, n_experts_per_tok=
                             moe_sharding="experts"):
     """XLA's train-step FLOPs/token over 6·N_active + attention (and with the recompute the
     step chooses) for a small MoE on 8 CPUs."""
-    from spade_jax.config import arch, base_config
+    from spade_jax.defaults import arch, base_config
     from spade_jax.readiness import check, cost_lines
 
     c = base_config()

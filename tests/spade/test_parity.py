@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spade_jax.config import base_config, load_config_file, parse
+from spade_jax.config import load_config_file, parse
+from spade_jax.defaults import base_config
 from spade_jax.errors import ConfigError
 from spade_jax.spade import rewards as R
 from spade_jax.spade.batch import Role, TrainSample
