@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spade_jax.spade.prompts import Verdict
+from spade_jax.spade.self_validation import Verdict
 
 Messages = list[dict[str, str]]
 

@@ -32,9 +32,9 @@ from spade_jax.spade.designer import (
 from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.hints import HintMode, HintStatus
 from spade_jax.spade.memory import EnvMemory, new_record
-from spade_jax.spade.prompts import Verdict
 from spade_jax.spade.rewards import DesignerStatus, FailedPlays
 from spade_jax.spade.rollout import Decoding, Episode, EpisodeSpec, EpisodeStatus
+from spade_jax.spade.self_validation import Verdict, parse_verdict, self_validation_messages
 
 if TYPE_CHECKING:
     from spade_jax.config import RunConfig, SamplingConfig, SpadeConfig
@@ -142,10 +142,10 @@ def run_designer(
 
     def judge(codes):
         """The policy's self-validation verdict (and its reasoning) on each environment."""
-        completions = rt.generate([prompts.self_validation_messages(c, s.game_type)
+        completions = rt.generate([self_validation_messages(c, s.game_type)
                                    for c in codes],
                                   sampling.validator, seed=int(rng.integers(SEED_LIMIT)))
-        return [(prompts.parse_verdict(c.text), c.text) for c in completions]
+        return [(parse_verdict(c.text), c.text) for c in completions]
 
     attempts, admitted = design_environments(
         slot_skills, cycle=state.cycle, build_prompt=build_prompt, generate=generate,

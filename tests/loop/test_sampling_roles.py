@@ -3,7 +3,8 @@
 
 from spade_jax.config import load_config_file
 from spade_jax.spade.driver import run_training
-from spade_jax.spade.prompts import GAME_HINT_SYSTEM_PROMPT, GAME_SELF_VALIDATION_SYSTEM_PROMPT
+from spade_jax.spade.prompts import GAME_HINT_SYSTEM_PROMPT
+from spade_jax.spade.self_validation import GAME_SELF_VALIDATION_SYSTEM_PROMPT
 from tests.loop import pin
 
 KNOBS = ("temperature", "top_p", "top_k")

@@ -14,7 +14,7 @@ import pytest
 from spade_jax.spade.designer import SELF_VALIDATION_CHECK
 from spade_jax.spade.loop import HostState, run_designer, validation_metrics
 from spade_jax.spade.memory import EnvMemory
-from spade_jax.spade.prompts import GAME_SELF_VALIDATION_PROMPT, Verdict
+from spade_jax.spade.self_validation import GAME_SELF_VALIDATION_PROMPT, Verdict
 from tests.loop.pin import ScriptedSampler, short_seed_codes
 
 JUDGE_MARKER = GAME_SELF_VALIDATION_PROMPT.splitlines()[0]  # first line of the judge's prompt

@@ -9,6 +9,7 @@ from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.envs.tool_use import ToolUseEnv
 from spade_jax.spade import memory as M
 from spade_jax.spade import prompts as P
+from spade_jax.spade import self_validation as V
 
 SEED_CODE = "class SeedExampleEnv:\n    pass\n"
 
@@ -150,21 +151,22 @@ def test_hint_prompt():
 # ----- self-validation ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, verdict", [
-    ("fine \\boxed{yes}", P.Verdict.ACCEPT), ("\\boxed{ True }", P.Verdict.ACCEPT),
-    ("\\boxed{no}", P.Verdict.REJECT), ("\\boxed{unsure}", P.Verdict.REJECT),
-    ("first \\boxed{no}, on reflection \\boxed{yes}", P.Verdict.ACCEPT),  # the last one counts
-    ("no verdict at all", P.Verdict.NO_VERDICT), ("", P.Verdict.NO_VERDICT),
+    ("fine \\boxed{yes}", V.Verdict.ACCEPT), ("\\boxed{ True }", V.Verdict.ACCEPT),
+    ("\\boxed{no}", V.Verdict.REJECT), ("\\boxed{unsure}", V.Verdict.REJECT),
+    ("first \\boxed{no}, on reflection \\boxed{yes}", V.Verdict.ACCEPT),  # the last one counts
+    ("no verdict at all", V.Verdict.NO_VERDICT), ("", V.Verdict.NO_VERDICT),
 ])
 def test_the_verdict_is_the_last_boxed_answer_and_none_keeps_the_design(text, verdict):
-    assert P.parse_verdict(text) is verdict
-    assert verdict.keeps == (verdict is not P.Verdict.REJECT)
+    assert V.parse_verdict(text) is verdict
+    assert verdict.keeps == (verdict is not V.Verdict.REJECT)
 
 
 @pytest.mark.parametrize("game_type, asks", [("game", "played and won"),
                                              ("tool_use", "can be completed")])
 def test_self_validation_messages_carry_the_code_and_the_game_types_question(game_type, asks):
+    assert set(V.PROMPTS) == set(P.GameType)
     code = 'class XEnv:\n    d = {"k": "{braces}"}\n'
-    system, user = P.self_validation_messages(code, game_type)
+    system, user = V.self_validation_messages(code, game_type)
     assert system["role"] == "system" and user["role"] == "user"
     assert f"```python\n{code}\n```" in user["content"] and asks in user["content"]
     assert user["content"].rstrip().endswith("\\boxed{no} when it cannot." if game_type ==
