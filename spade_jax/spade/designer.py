@@ -12,7 +12,6 @@ as functions, which keeps this module free of device code and testable with scri
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,11 +54,6 @@ class DesignedEnv:
 def env_id_for(cycle: int, slot: int, skill: str) -> str:
     """Stable, readable environment id: cycle, slot and skill."""
     return f"c{cycle:05d}_s{slot:03d}_{skill.lower()}"
-
-
-def code_digest(code: str) -> str:
-    """Short content hash used to name files of replayed environments."""
-    return hashlib.sha256(code.encode()).hexdigest()[:12]
 
 
 SELF_VALIDATION_CHECK = "self_validation"  # the failure a rejecting verdict records

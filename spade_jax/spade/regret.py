@@ -7,7 +7,6 @@ the same environment seed, so the per-seed differences give a paired standard er
 With a Designer ``delay`` of d cycles the Agent keeps playing the same environments for d
 cycles; `WindowReturns` holds those plays keyed by offset, from which the reference computes
 the window win rate (plateau input) and, in its ``regret`` variant, the accumulated regret.
-Stale Designer tokens are reweighted by clipped importance weights (`tis_weights`).
 """
 
 from __future__ import annotations
@@ -179,21 +178,4 @@ def window_regret(r_hint_mean: float, window: WindowReturns, matched_timing: boo
     plays = window.first_offset_returns() if matched_timing else window.all_returns()
     r_nohint = float(np.mean(plays)) if plays else 0.0
     return float(r_hint_mean) - r_nohint
-
-
-def tis_weights(
-    logp_now: np.ndarray, logp_rollout: np.ndarray, clip_low: float, clip_high: float
-) -> np.ndarray:
-    """Truncated importance weights ``clip(exp(logp_now - logp_rollout), lo, hi)`` per token.
-
-    Multiplies the per-token policy-gradient loss of Designer samples trained ``delay``
-    cycles after they were sampled (reference ``spade_delayed_tis``). Equal policies give 1.
-    """
-    if not 0.0 <= clip_low <= clip_high:
-        raise ValueError(f"need 0 <= clip_low <= clip_high, got ({clip_low}, {clip_high})")
-    now = np.asarray(logp_now, dtype=np.float64)
-    then = np.asarray(logp_rollout, dtype=np.float64)
-    if now.shape != then.shape:
-        raise ValueError(f"log-prob shapes differ: {now.shape} vs {then.shape}")
-    return np.clip(np.exp(now - then), clip_low, clip_high)
 

@@ -42,11 +42,6 @@ class LeafLayout:
     def hf_shape(self) -> tuple[int, ...]:
         return tuple(math.prod(group) for group in self.hf_view)
 
-    @property
-    def block_shape(self) -> tuple[int, ...]:
-        flat = [d for group in self.hf_view for d in group]
-        return tuple(flat[p] for p in self.perm)
-
     def keys(self, cfg: ModelConfig) -> Iterator[tuple[tuple[int, ...], str]]:
         """Every (stack index, HF key) this leaf is made of, layers then experts."""
         ranges = [range(_stack_size(cfg, axis)) for axis in self.stacked]

@@ -2,7 +2,6 @@
 
 import math
 
-import numpy as np
 import pytest
 
 from spade_jax.spade import regret as G
@@ -65,12 +64,3 @@ def test_empty_window_counts_as_zero():
         window.add(-1, [1.0])
 
 
-def test_tis_weights():
-    logp = np.array([-1.0, -2.0, -0.5])
-    np.testing.assert_allclose(G.tis_weights(logp, logp, 0.5, 2.0), [1.0, 1.0, 1.0])
-    now = np.log([2.0, 0.5, 1.0]) + logp
-    np.testing.assert_allclose(G.tis_weights(now, logp, 0.8, 1.5), [1.5, 0.8, 1.0])
-    with pytest.raises(ValueError, match="clip_low"):
-        G.tis_weights(logp, logp, 2.0, 1.0)
-    with pytest.raises(ValueError, match="shapes"):
-        G.tis_weights(logp, logp[:2], 0.5, 2.0)

@@ -345,7 +345,7 @@ class EnvPool:
                 if not reply.get("ready"):
                     self._fail(job, CRASHED, "worker did not announce readiness")
                     return
-                worker.ready, worker.ready_info = True, reply
+                worker.ready = True
             else:
                 job.episode.env_seconds += time.monotonic() - job.sent_at
                 job.replies.append(reply)

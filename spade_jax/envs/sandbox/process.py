@@ -34,7 +34,6 @@ class WorkerProcess:
         os.set_blocking(self.reply_fd, False)
         self.buffer = bytearray()
         self.ready = False
-        self.ready_info: dict = {}
         self.dead = False
 
     def fileno(self) -> int:
