@@ -79,6 +79,7 @@ _UNSAFE = flags.DEFINE_bool(
 
 def main(argv):
     from spade_jax.eval import report, runner, tables
+    from spade_jax.workdir import check_writable
 
     if _COMPARE.value:
         if len(argv) != 3:
@@ -119,7 +120,8 @@ def main(argv):
                 bfcl_step_limit=_BFCL_STEP_LIMIT.value or None)
         if _CHECKPOINT.value:
             runner.checkpoint_location(_CHECKPOINT.value)
-    except (ValueError, ImportError, FileNotFoundError) as err:
+        check_writable(_OUT.value)
+    except (ValueError, ImportError, OSError) as err:  # OSError: a missing file, --out unwritable
         sys.exit(f"error: {err}")
 
     from spade_jax.config import parse

@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from spade_jax.cli import parse_flags
+from spade_jax.errors import SpadeError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "The run's configs/*.py (default: <workdir>/config.json).")
@@ -36,7 +38,7 @@ _SHARD = flags.DEFINE_bool(
 flags.mark_flags_as_required(["checkpoint", "out"])
 
 
-class ExportError(RuntimeError):
+class ExportError(SpadeError):
     """The checkpoint or its config could not be found or read."""
 
 
@@ -124,8 +126,11 @@ def main(argv):
     del argv
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    path = export(_CHECKPOINT.value, _OUT.value, _CONFIG.value, dtype=_DTYPE.value,
-                  shard=_SHARD.value)
+    try:
+        path = export(_CHECKPOINT.value, _OUT.value, _CONFIG.value, dtype=_DTYPE.value,
+                      shard=_SHARD.value)
+    except SpadeError as err:  # no such checkpoint, unreadable config, bad config value
+        sys.exit(f"error: {err}")
     print(f"wrote {path} ({', '.join(sorted(os.listdir(path)))})")
 
 

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
+from ml_collections import config_flags
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing; an unparsable value (`--config.seed=abc`) is one `error:` line."""
+    """absl's flag parsing; an unparsable value (`--config.seed=abc`) or a config file that does
+    not exist (`--config=configs/nope.py`) is one `error:` line."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
     except flags.Error as err:
         sys.exit(f"error: {err}")
+    for name in flags.FLAGS:
+        if not flags.FLAGS[name].present:
+            continue
+        try:  # ml_collections defers a missing file's error to the config's first use
+            path = config_flags.get_config_filename(flags.FLAGS[name])
+        except TypeError:  # not a config-file flag
+            continue
+        path = (path or "").split(":", 1)[0]  # "file.py:arg" passes arg to get_config
+        if path and not os.path.isfile(path):
+            sys.exit(f"error: --{name}={path}: no such config file (the recipes are in configs/)")
+    return rest

@@ -227,6 +227,9 @@ class SamplingConfig:
             out.append(f"prefill_tokens={self.prefill_tokens} must be >= {MIN_BUCKET} (the "
                        "narrowest extend)")
         for role in ROLES:
+            temperature = getattr(self, f"{role}_temperature")
+            if temperature < 0:
+                out.append(f"{role}_temperature={temperature} must be >= 0 (0: greedy)")
             top_p, top_k = getattr(self, f"{role}_top_p"), getattr(self, f"{role}_top_k")
             if not 0.0 < top_p <= 1.0:
                 out.append(f"{role}_top_p={top_p} must be in (0, 1]")

@@ -17,5 +17,9 @@ class CheckpointError(SpadeError, ValueError):
     save."""
 
 
+class WorkdirError(SpadeError, OSError):
+    """A run directory that cannot be created or written."""
+
+
 class MissingFileError(SpadeError, FileNotFoundError):
     """A file or directory the user pointed us at does not exist or lacks a required file."""

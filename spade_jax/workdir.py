@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 
 from etils import epath
+
+from spade_jax.errors import WorkdirError
 
 REMOTE_PREFIXES = ("gs://",)
 
@@ -32,6 +35,25 @@ def absolute_path(path: str | os.PathLike) -> epath.Path:
     if is_remote(path):
         return epath.Path(path)
     return epath.Path(os.path.abspath(os.fspath(path)))
+
+
+def check_writable(directory: str | os.PathLike) -> None:
+    """Raise a WorkdirError now, before minutes of model loading, if a local output `directory`
+    cannot be written: its nearest existing ancestor takes a scratch directory, which is removed
+    at once (so nothing is left behind). A bucket is checked when the run first writes to it."""
+    if is_remote(directory):
+        return
+    path = os.path.abspath(os.fspath(directory))
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise WorkdirError(f"{path}: {existing} is a file, not a directory")
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as err:
+        raise WorkdirError(f"{path} cannot be written under {existing}: "
+                           f"{err.strerror or err}; pass a writable directory") from err
 
 
 def write_text_atomic(path: epath.Path, text: str) -> None:

@@ -26,7 +26,7 @@ from spade_jax.spade.artifacts import Artifacts
 from spade_jax.spade.corpus import load_corpus
 from spade_jax.spade.loop import HostState, run_cycle, summarize
 from spade_jax.spade.memory import EnvMemory
-from spade_jax.workdir import enable_compilation_cache, write_text_atomic
+from spade_jax.workdir import check_writable, enable_compilation_cache, write_text_atomic
 
 
 def fresh_state(memory_config: MemoryConfig, seed_envs) -> HostState:
@@ -69,6 +69,7 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     n_devices = runtime.mesh.size if runtime is not None else jax.device_count()
     run = config_lib.parse(cfg, n_devices)
     plan.check_rollout_fits(run, n_devices, plan.device_memory_bytes())
+    check_writable(workdir)
     main = is_main_process()
     corpus = None  # read before the model is loaded: a bad corpus fails in seconds
     if run.mode.designs and not run.spade.no_corpus:

@@ -1,4 +1,4 @@
-"""launch/train.py on bad input: an error saying what to change, no traceback, nothing written."""
+"""The commands on bad input: an error saying what to change, no traceback, nothing written."""
 
 import subprocess
 import sys
@@ -6,6 +6,8 @@ import sys
 import gguf
 import pytest
 
+from spade_jax.errors import WorkdirError
+from spade_jax.workdir import check_writable
 from tests.commands import ROOT
 
 
@@ -17,6 +19,7 @@ from tests.commands import ROOT
     ("--config.seed=2147483648", "seed=2147483648: use an integer in [0, 2147483647]"),
     ("--config.seed=1.5", "--config.seed=1.5"),  # refused by the flag parser
     ("--config.seed=abc", "--config.seed=abc"),
+    ("--config.sampling.agent_temperature=-1", "agent_temperature=-1.0 must be >= 0 (0: greedy)"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, override, message):
     assert_one_clear_error(tmp_path, override, message)
@@ -30,6 +33,22 @@ def test_gguf_without_tokenizer_is_one_clear_error(tmp_path):
     writer.close()
     assert_one_clear_error(tmp_path, f"--config.model.tokenizer={bad}",
                            f"{bad} has no tokenizer: its metadata lacks tokenizer.ggml.model")
+
+
+def test_a_workdir_under_a_file_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    workdir = tmp_path / "file" / "run"
+    assert_one_clear_error(tmp_path, f"--workdir={workdir}",
+                           f"{workdir}: {tmp_path / 'file'} is a file, not a directory")
+
+
+def test_check_writable_leaves_nothing_behind_and_refuses_a_file_parent(tmp_path):
+    check_writable(tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+    check_writable("gs://bucket/run")  # a bucket is checked at its first write
+    (tmp_path / "file").write_text("")
+    with pytest.raises(WorkdirError, match="is a file, not a directory"):
+        check_writable(tmp_path / "file" / "run")
 
 
 def assert_one_clear_error(tmp_path, override, message):
@@ -60,3 +79,35 @@ def test_every_entry_point_refuses_a_bad_flag_in_one_line(command):
     assert "Traceback" not in result.stderr and "FATAL" not in result.stderr, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and "limit" in lines[-1], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", [
+    ["launch/train.py", "--config=configs/nope.py"],
+    ["launch/eval.py", "--config=configs/nope.py", "--out=unused"],
+    ["launch/export.py", "--config=configs/nope.py", "--checkpoint=unused", "--out=unused"],
+    ["-m", "spade_jax.plan", "--config=configs/nope.py", "--devices=1", "--hbm_gib=16"],
+    ["-m", "spade_jax.readiness", "--config=configs/nope.py", "--topology=v5p-8"],
+])
+def test_every_entry_point_names_a_missing_config_file_in_one_line(command):
+    assert_one_line_error(command, "--config=configs/nope.py: no such config file")
+
+
+@pytest.mark.parametrize("command, message", [
+    (["launch/export.py", "--checkpoint=no/such/run", "--out=unused"],
+     "no/such/run is neither a training workdir"),
+    (["launch/eval.py", "--config=configs/tiny.py", "--suites=games", "--out=README.md/eval"],
+     "README.md is a file, not a directory"),
+])
+def test_export_and_eval_refuse_bad_paths_in_one_line(command, message):
+    assert_one_line_error(command, message)
+
+
+def assert_one_line_error(command, message):
+    """`python *command` in the checkout exits non-zero, its last line `error: ...message...`,
+    without a traceback."""
+    result = subprocess.run([sys.executable, *command], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, result.stderr[-2000:]
