@@ -33,7 +33,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from spade_jax.cli import parse_flags
+from spade_jax.cli import run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _CHECKPOINT = flags.DEFINE_string(
@@ -125,13 +125,10 @@ def main(argv):
         sys.exit(f"error: {err}")
 
     from spade_jax.config import parse
-    from spade_jax.errors import CheckpointError, SpadeError
+    from spade_jax.errors import CheckpointError
     from spade_jax.spade.runtime import Runtime
 
-    try:
-        rt = Runtime.create(parse(cfg))
-    except SpadeError as err:
-        sys.exit(f"error: {err}")
+    rt = Runtime.create(parse(cfg))
     try:
         if _CHECKPOINT.value:
             try:
@@ -164,4 +161,4 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    app.run(main, flags_parser=parse_flags)
+    run(main)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from spade_jax.cli import parse_flags
+from spade_jax.cli import run
 from spade_jax.errors import SpadeError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -126,14 +125,11 @@ def main(argv):
     del argv
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
-        path = export(_CHECKPOINT.value, _OUT.value, _CONFIG.value, dtype=_DTYPE.value,
-                      shard=_SHARD.value)
-    except SpadeError as err:  # no such checkpoint, unreadable config, bad config value
-        sys.exit(f"error: {err}")
+    path = export(_CHECKPOINT.value, _OUT.value, _CONFIG.value, dtype=_DTYPE.value,
+                  shard=_SHARD.value)
     print(f"wrote {path} ({', '.join(sorted(os.listdir(path)))})")
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    app.run(main, flags_parser=parse_flags)
+    run(main)

@@ -18,12 +18,11 @@ Compiled programs are cached in <workdir>/compile_cache (--compile_cache_dir; em
 from __future__ import annotations
 
 import logging
-import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from spade_jax.cli import parse_flags
+from spade_jax.cli import run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Checkpoints, metrics and env files.")
@@ -44,7 +43,6 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
     del argv
     from spade_jax import distributed
-    from spade_jax.errors import SpadeError
     from spade_jax.spade.driver import run_training
     from spade_jax.workdir import compile_cache_dir
 
@@ -55,14 +53,11 @@ def main(argv):
     if _UNSAFE.value:
         cfg.sandbox.allow_unsafe = True
     budget = _BUDGET.value * 60 if _BUDGET.value > 0 else None
-    try:
-        run_training(cfg, _WORKDIR.value, resume=_RESUME.value, time_budget_s=budget,
-                     compile_cache=compile_cache_dir(_WORKDIR.value, _COMPILE_CACHE.value))
-    except SpadeError as err:  # bad config, unreadable/unwritable checkpoint: no traceback
-        sys.exit(f"error: {err}")
+    run_training(cfg, _WORKDIR.value, resume=_RESUME.value, time_budget_s=budget,
+                 compile_cache=compile_cache_dir(_WORKDIR.value, _COMPILE_CACHE.value))
 
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    app.run(main, flags_parser=parse_flags)
+    run(main)

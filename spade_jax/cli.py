@@ -1,12 +1,15 @@
-"""What every command-line entry point shares: absl flag parsing that fails in one line."""
+"""What every command-line entry point shares: absl flag parsing, and bad input reported in one
+`error:` line instead of a traceback."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
+
+from spade_jax.errors import SpadeError
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -27,3 +30,16 @@ def parse_flags(argv: list[str]) -> list[str]:
         if path and not os.path.isfile(path):
             sys.exit(f"error: --{name}={path}: no such config file (the recipes are in configs/)")
     return rest
+
+
+def run(main) -> None:
+    """absl's `app.run(main)` with `parse_flags`; the project's own errors (`SpadeError`: a bad
+    config, a missing file, an unwritable directory) end it with one `error:` line."""
+
+    def main_or_error(argv):
+        try:
+            return main(argv)
+        except SpadeError as err:
+            sys.exit(f"error: {err}")
+
+    app.run(main_or_error, flags_parser=parse_flags)

@@ -143,6 +143,10 @@ class MeshConfig:
     fsdp: int = -1
     tensor: int = 1
 
+    def problems(self) -> list[str]:
+        return [f"{axis}={size} must be >= 1, or -1 to fill with the devices left"
+                for axis, size in dataclasses.asdict(self).items() if size < 1 and size != -1]
+
     def shape(self, n_devices: int) -> tuple[int, int, int]:
         """(data, fsdp, tensor) with a single -1 filled from the device count."""
         dims = [int(self.data), int(self.fsdp), int(self.tensor)]
@@ -328,7 +332,8 @@ class EvalConfig:
     games: str = "seeds"
 
     def problems(self) -> list[str]:
-        return [] if self.limit >= 0 else [f"limit={self.limit} must be >= 0"]
+        return [f"{key}={value} must be >= 0{note}" for key, value, note in
+                (("every", self.every, " (0: off)"), ("limit", self.limit, "")) if value < 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,8 +456,11 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
                                          "sampling.decode_weights", problems)
     memory = dict(c["memory"])
     memory["mode"] = _choice(MemoryMode, memory["mode"], "memory.mode", problems)
+    for key, least in (("total_cycles", 0), ("checkpoint_every", 1), ("keep_checkpoints", 1)):
+        if c[key] < least:
+            problems.append(f"{key}={c[key]} must be >= {least}")
     mesh = _section(MeshConfig, c["mesh"], "mesh", problems)
-    if mesh is not None and n_devices is not None:
+    if mesh is not None and not mesh.problems() and n_devices is not None:
         try:
             mesh.shape(n_devices)
         except ValueError as err:

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
-from spade_jax.cli import parse_flags
+from spade_jax.cli import run
 from spade_jax.errors import ConfigError
 from spade_jax.models.attention import ATTENTION_QUERY_CHUNK
 from spade_jax.models.config import ModelConfig
@@ -541,8 +541,6 @@ def _define_flags() -> None:
 if __name__ == "__main__":
     import sys
 
-    from absl import app
-
     _define_flags()
     sys.argv = [a.replace("--hbm-gib", "--hbm_gib", 1) for a in sys.argv]  # both spellings
-    app.run(main, flags_parser=parse_flags)
+    run(main)

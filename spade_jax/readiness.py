@@ -460,9 +460,7 @@ def _define_flags() -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    from spade_jax.cli import parse_flags
+    from spade_jax.cli import run
 
     _define_flags()
-    app.run(main, flags_parser=parse_flags)
+    run(main)

@@ -27,9 +27,9 @@ def tiny(**changes) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(values)
 
 
-def problems_of(cfg) -> list[str]:
+def problems_of(cfg, n_devices: int | None = None) -> list[str]:
     with pytest.raises(ConfigError) as caught:
-        parse(cfg)
+        parse(cfg, n_devices)
     lines = str(caught.value).splitlines()
     assert lines[0] == "invalid config:"
     return [line.removeprefix("  - ") for line in lines[1:]]
@@ -51,6 +51,22 @@ def test_every_problem_is_reported_at_once_with_its_key_path():
     assert any(p.startswith("spade.reward_variant='best'") for p in found), found
     assert "memory.capacity=0 must be >= 1" in found
     assert "sampling.max_context=0 must be >= 1" in found
+
+
+def test_counts_and_mesh_axes_that_would_crash_a_run_are_refused():
+    """A checkpoint interval of 0 divided by zero after the first cycle, and a mesh axis of 0
+    in the mesh's shape; a negative temperature, cycle count or eval interval was accepted."""
+    found = problems_of(tiny(**{
+        "total_cycles": -1, "checkpoint_every": 0, "keep_checkpoints": 0, "mesh.data": 0,
+        "mesh.tensor": -2, "eval.every": -1, "sampling.designer_temperature": -0.5}), n_devices=8)
+    assert found == [
+        "total_cycles=-1 must be >= 0", "checkpoint_every=0 must be >= 1",
+        "keep_checkpoints=0 must be >= 1",
+        "mesh.data=0 must be >= 1, or -1 to fill with the devices left",
+        "mesh.tensor=-2 must be >= 1, or -1 to fill with the devices left",
+        "sampling.designer_temperature=-0.5 must be >= 0 (0: greedy)",
+        "eval.every=-1 must be >= 0 (0: off)"], found
+    parse(tiny(**{"total_cycles": 0, "sampling.designer_temperature": 0.0}))  # 0 is allowed
 
 
 def test_the_sampler_settings_are_checked_and_reach_the_runtimes_sampler():

@@ -21,6 +21,7 @@ from spade_jax.config import RunConfig
 from spade_jax.distributed import assert_same_on_all_processes, map_over_processes, to_host
 from spade_jax.envs import EnvPool, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
+from spade_jax.errors import MissingFileError
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import TrainStep, compute_copy, init_train_state, make_optimizer
@@ -179,8 +180,9 @@ class Runtime:
         else:
             files = sorted(pathlib.Path(source).expanduser().glob("*.py"))
             if not files:
-                raise ValueError(f"fixed_pool={source!r}: no .py environment files there; use "
-                                 "'seeds', 'reasoning_gym[:CATS]' or a directory of env files")
+                raise MissingFileError(
+                    f"fixed_pool={source!r}: no .py environment files there; use 'seeds', "
+                    "'reasoning_gym[:CATS]' or a directory of env files")
             items = [(f.stem, "Unknown", f.read_text()) for f in files]
         return [DesignedEnv(f"fixed:{name}", skill, code, None, 0, hint=ENV_HINT)
                 for name, skill, code in items]

@@ -97,8 +97,12 @@ def test_every_entry_point_names_a_missing_config_file_in_one_line(command):
      "no/such/run is neither a training workdir"),
     (["launch/eval.py", "--config=configs/tiny.py", "--suites=games", "--out=README.md/eval"],
      "README.md is a file, not a directory"),
+    (["-m", "spade_jax.plan", "--config=configs/tiny.py", "--topology=v9-8"],
+     "unknown topology 'v9-8'"),
+    (["-m", "spade_jax.readiness", "--config=configs/tiny.py", "--topology=v9-8"],
+     "unknown topology 'v9-8'"),
 ])
-def test_export_and_eval_refuse_bad_paths_in_one_line(command, message):
+def test_the_other_commands_report_bad_input_in_one_line(command, message):
     assert_one_line_error(command, message)
 
 
