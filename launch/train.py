@@ -57,7 +57,6 @@ def main(argv):
                  compile_cache=compile_cache_dir(_WORKDIR.value, _COMPILE_CACHE.value))
 
 
-
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     run(main)
