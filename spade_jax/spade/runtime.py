@@ -67,6 +67,18 @@ def load_model_and_tokenizer(run: RunConfig, mesh):
     return policy.model, policy.tokenizer
 
 
+def fixed_pool_files(source: str) -> list[pathlib.Path] | None:
+    """The environment files of a `fixed_pool` directory (None for 'seeds' and
+    'reasoning_gym[:CATS]'); a MissingFileError naming the choices if it holds none."""
+    if source == "seeds" or source.startswith("reasoning_gym"):
+        return None
+    files = sorted(pathlib.Path(source).expanduser().glob("*.py"))
+    if not files:
+        raise MissingFileError(f"fixed_pool={source!r}: no .py environment files there; use "
+                               "'seeds', 'reasoning_gym[:CATS]' or a directory of env files")
+    return files
+
+
 class Runtime:
     """Model, sampler, optimizer state and sandbox pools of one run."""
 
@@ -167,9 +179,12 @@ class Runtime:
         environment .py files (e.g. the reference's released pool).
         """
         source = self.run.fixed_pool
-        if source == "seeds":
+        files = fixed_pool_files(source)
+        if files is not None:
+            items = [(f.stem, "Unknown", f.read_text()) for f in files]
+        elif source == "seeds":
             items = [(e.name, e.skill, e.code) for e in self.seed_envs]
-        elif source.startswith("reasoning_gym"):
+        else:
             from spade_jax.eval.reasoning_gym import DEFAULT_CATEGORIES, reasoning_gym_tasks
 
             names = source.partition(":")[2]
@@ -177,13 +192,6 @@ class Runtime:
             tasks = reasoning_gym_tasks(categories, size=1000, dataset_seed=self.run.seed)
             first = {t.category: t for t in reversed(tasks)}
             items = [(f"rg_{c}", c, first[c].code) for c in categories]
-        else:
-            files = sorted(pathlib.Path(source).expanduser().glob("*.py"))
-            if not files:
-                raise MissingFileError(
-                    f"fixed_pool={source!r}: no .py environment files there; use 'seeds', "
-                    "'reasoning_gym[:CATS]' or a directory of env files")
-            items = [(f.stem, "Unknown", f.read_text()) for f in files]
         return [DesignedEnv(f"fixed:{name}", skill, code, None, 0, hint=ENV_HINT)
                 for name, skill, code in items]
 

@@ -42,6 +42,14 @@ def test_a_workdir_under_a_file_is_one_clear_error(tmp_path):
                            f"{workdir}: {tmp_path / 'file'} is a file, not a directory")
 
 
+def test_a_fixed_pool_without_environments_is_one_clear_error_before_the_model_loads(tmp_path):
+    # The tokenizer source would fail the model load: the pool must be refused before it.
+    assert_one_clear_error(tmp_path, "--config.mode=fixed",
+                           f"fixed_pool='{tmp_path}': no .py environment files there",
+                           f"--config.fixed_pool={tmp_path}",
+                           "--config.model.tokenizer=/no/such/tokenizer")
+
+
 def test_check_writable_leaves_nothing_behind_and_refuses_a_file_parent(tmp_path):
     check_writable(tmp_path / "a" / "b")
     assert list(tmp_path.iterdir()) == []
@@ -51,11 +59,12 @@ def test_check_writable_leaves_nothing_behind_and_refuses_a_file_parent(tmp_path
         check_writable(tmp_path / "file" / "run")
 
 
-def assert_one_clear_error(tmp_path, override, message):
-    """launch/train.py with `override` exits non-zero with one `error:` line holding `message`."""
+def assert_one_clear_error(tmp_path, override, message, *more_overrides):
+    """launch/train.py with the overrides exits non-zero with one `error:` line holding
+    `message`."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "launch" / "train.py"), f"--config={ROOT}/configs/tiny.py",
-         f"--workdir={tmp_path / 'run'}", override],
+         f"--workdir={tmp_path / 'run'}", override, *more_overrides],
         capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
