@@ -64,14 +64,15 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     the moment the model is loaded (so a config that fails to load leaves no workdir behind).
     """
     started = time.monotonic()
-    from spade_jax.spade.runtime import Runtime, fixed_pool_files
+    from spade_jax.spade.runtime import Runtime, fixed_pool_categories, fixed_pool_files
 
     n_devices = runtime.mesh.size if runtime is not None else jax.device_count()
     run = config_lib.parse(cfg, n_devices)
     plan.check_rollout_fits(run, n_devices, plan.device_memory_bytes())
     check_writable(workdir)
-    if not run.mode.designs:
-        fixed_pool_files(run.fixed_pool)  # a missing pool fails before the model loads
+    if not run.mode.designs:  # a pool that cannot be built fails before the model loads
+        fixed_pool_files(run.fixed_pool)
+        fixed_pool_categories(run.fixed_pool)
     main = is_main_process()
     corpus = None  # read before the model is loaded: a bad corpus fails in seconds
     if run.mode.designs and not run.spade.no_corpus:

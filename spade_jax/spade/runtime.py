@@ -21,7 +21,7 @@ from spade_jax.config import RunConfig
 from spade_jax.distributed import assert_same_on_all_processes, map_over_processes, to_host
 from spade_jax.envs import EnvPool, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
-from spade_jax.errors import MissingFileError
+from spade_jax.errors import ConfigError, MissingFileError
 from spade_jax.metrics import PhaseTimer
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import TrainStep, compute_copy, init_train_state, make_optimizer
@@ -77,6 +77,24 @@ def fixed_pool_files(source: str) -> list[pathlib.Path] | None:
         raise MissingFileError(f"fixed_pool={source!r}: no .py environment files there; use "
                                "'seeds', 'reasoning_gym[:CATS]' or a directory of env files")
     return files
+
+
+def fixed_pool_categories(source: str) -> tuple[str, ...] | None:
+    """The categories of a 'reasoning_gym[:CAT,CAT]' fixed pool (None for other pools); a
+    ConfigError if reasoning-gym is not installed or does not know a category."""
+    if not source.startswith("reasoning_gym"):
+        return None
+    from spade_jax.eval.reasoning_gym import DEFAULT_CATEGORIES, available_categories
+
+    names = source.partition(":")[2]
+    categories = tuple(names.split(",")) if names else DEFAULT_CATEGORIES
+    try:
+        unknown = sorted(set(categories) - set(available_categories()))
+    except ImportError as err:
+        raise ConfigError(f"fixed_pool={source!r}: {err}") from err
+    if unknown:
+        raise ConfigError(f"fixed_pool={source!r}: unknown reasoning-gym categories {unknown}")
+    return categories
 
 
 class Runtime:
@@ -185,10 +203,9 @@ class Runtime:
         elif source == "seeds":
             items = [(e.name, e.skill, e.code) for e in self.seed_envs]
         else:
-            from spade_jax.eval.reasoning_gym import DEFAULT_CATEGORIES, reasoning_gym_tasks
+            from spade_jax.eval.reasoning_gym import reasoning_gym_tasks
 
-            names = source.partition(":")[2]
-            categories = tuple(names.split(",")) if names else DEFAULT_CATEGORIES
+            categories = fixed_pool_categories(source)
             tasks = reasoning_gym_tasks(categories, size=1000, dataset_seed=self.run.seed)
             first = {t.category: t for t in reversed(tasks)}
             items = [(f"rg_{c}", c, first[c].code) for c in categories]

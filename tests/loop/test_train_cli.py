@@ -42,11 +42,16 @@ def test_a_workdir_under_a_file_is_one_clear_error(tmp_path):
                            f"{workdir}: {tmp_path / 'file'} is a file, not a directory")
 
 
-def test_a_fixed_pool_without_environments_is_one_clear_error_before_the_model_loads(tmp_path):
+@pytest.mark.parametrize("pool, message", [
+    (None, "no .py environment files there"),  # an empty directory
+    ("reasoning_gym:chain_sum,bogus", "unknown reasoning-gym categories ['bogus']"),
+])
+def test_a_fixed_pool_that_cannot_be_built_is_one_clear_error_before_the_model_loads(
+        tmp_path, pool, message):
     # The tokenizer source would fail the model load: the pool must be refused before it.
-    assert_one_clear_error(tmp_path, "--config.mode=fixed",
-                           f"fixed_pool='{tmp_path}': no .py environment files there",
-                           f"--config.fixed_pool={tmp_path}",
+    pool = pool or str(tmp_path)
+    assert_one_clear_error(tmp_path, "--config.mode=fixed", f"fixed_pool='{pool}': {message}",
+                           f"--config.fixed_pool={pool}",
                            "--config.model.tokenizer=/no/such/tokenizer")
 
 
