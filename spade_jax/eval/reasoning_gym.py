@@ -37,6 +37,13 @@ def available_categories() -> list[str]:
     return sorted(DATASETS)
 
 
+def unknown_categories(categories: Sequence[str]) -> list[str]:
+    """The names in `categories` the installed reasoning-gym does not know (an ImportError if
+    it is not installed)."""
+    known = set(available_categories())
+    return [name for name in categories if name not in known]
+
+
 def reasoning_gym_tasks(
     categories: Sequence[str] = DEFAULT_CATEGORIES,
     size: int = 50,
@@ -44,8 +51,7 @@ def reasoning_gym_tasks(
     configs: Mapping[str, Mapping] | None = None,
 ) -> list[EvalTask]:
     """`size` tasks per category (seeds 0..size-1); `configs[name]` overrides dataset options."""
-    known = set(available_categories())
-    unknown = [name for name in categories if name not in known]
+    unknown = unknown_categories(categories)
     if unknown:
         raise ValueError(f"unknown reasoning-gym categories {unknown}; see available_categories()")
     configs = configs or {}

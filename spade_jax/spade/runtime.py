@@ -84,12 +84,12 @@ def fixed_pool_categories(source: str) -> tuple[str, ...] | None:
     ConfigError if reasoning-gym is not installed or does not know a category."""
     if not source.startswith("reasoning_gym"):
         return None
-    from spade_jax.eval.reasoning_gym import DEFAULT_CATEGORIES, available_categories
+    from spade_jax.eval.reasoning_gym import DEFAULT_CATEGORIES, unknown_categories
 
     names = source.partition(":")[2]
     categories = tuple(names.split(",")) if names else DEFAULT_CATEGORIES
     try:
-        unknown = sorted(set(categories) - set(available_categories()))
+        unknown = unknown_categories(categories)
     except ImportError as err:
         raise ConfigError(f"fixed_pool={source!r}: {err}") from err
     if unknown:
