@@ -68,16 +68,14 @@ def read_run_config(workdir: Path):
 def model_config_and_tokenizer(run):
     """The architecture the run (a `RunConfig`) trained and its tokenizer, as `Runtime`
     would load them."""
-    from spade_jax.policy import _resolve
-    from spade_jax.weights.gguf import gguf_model_config, open_gguf, smollm2_gguf_path
+    from spade_jax.policy import resolve_model, tokenizer_source
+    from spade_jax.weights.gguf import gguf_model_config, open_gguf
     from spade_jax.weights.safetensors_io import load_hf_config
     from spade_jax.weights.tokenizer import load_tokenizer
 
     if run.model.source == "random":
-        name = run.model.tokenizer
-        path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
-        return run.model.arch, load_tokenizer(path)
-    source = _resolve(run.model.source)
+        return run.model.arch, load_tokenizer(tokenizer_source(run.model.tokenizer))
+    source = resolve_model(run.model.source)
     if source.is_dir():
         model_cfg = load_hf_config(source)
     else:

@@ -115,10 +115,17 @@ class Policy:
         )
 
 
-def _resolve(name_or_path: str | Path) -> Path:
-    if str(name_or_path).lower() in BUILTIN_MODELS:
-        return BUILTIN_MODELS[str(name_or_path).lower()]()
-    path = Path(name_or_path).expanduser()
+def tokenizer_source(name_or_path: str | Path) -> Path:
+    """What `load_tokenizer` reads for a `model.tokenizer`: a built-in model's file, or the
+    path given."""
+    builtin = BUILTIN_MODELS.get(str(name_or_path).lower())
+    return builtin() if builtin is not None else Path(name_or_path).expanduser()
+
+
+def resolve_model(name_or_path: str | Path) -> Path:
+    """The checkpoint a `model.source` names: a built-in model's file, an HF directory, a
+    .gguf file, or an HF Hub id (`owner/name`) found in the local Hugging Face cache."""
+    path = tokenizer_source(name_or_path)
     if not path.exists() and hf_cache.HUB_ID.match(str(name_or_path)):
         path = hf_cache.snapshot(str(name_or_path))
     if not path.exists():
@@ -140,7 +147,7 @@ def load_policy(
 
     Parameters are placed on `mesh` (default: the first device) in `dtype` (default float32).
     """
-    path = _resolve(name_or_path)
+    path = resolve_model(name_or_path)
     mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
     try:
         param_dtype = jnp.dtype(dtype or jnp.float32)

@@ -48,16 +48,13 @@ log = logging.getLogger(__name__)
 
 def load_model_and_tokenizer(run: RunConfig, mesh):
     """The policy's model and tokenizer from `run.model` (a checkpoint, or random weights)."""
-    from spade_jax.policy import load_policy
-    from spade_jax.weights.gguf import smollm2_gguf_path
+    from spade_jax.policy import load_policy, tokenizer_source
     from spade_jax.weights.tokenizer import load_tokenizer
 
     dtype = jnp.dtype(run.model.param_dtype)
     if run.model.source == "random":
         model = Transformer(run.model.arch, rngs=nnx.Rngs(run.seed), param_dtype=dtype)
-        name = run.model.tokenizer
-        path = smollm2_gguf_path() if name == "smollm2-135m-instruct" else name
-        return model, load_tokenizer(path)
+        return model, load_tokenizer(tokenizer_source(run.model.tokenizer))
     policy = load_policy(run.model.source, mesh=mesh, dtype=dtype)
     policy.model.cfg = policy.config.replace(attention=run.model.attention,
                                              moe_capacity_factor=run.model.moe_capacity_factor)
