@@ -107,6 +107,10 @@ def main(argv):
         cfg.model.source = _MODEL.value
     if _UNSAFE.value:
         cfg.sandbox.allow_unsafe = True
+    from spade_jax.checkpoint import checkpoint_location
+    from spade_jax.config import parse
+
+    run_config = parse(cfg)
     try:
         if _TABLE.value:
             settings = tables.select_suites(
@@ -116,39 +120,34 @@ def main(argv):
         else:
             tasks = runner.build_tasks(
                 _SUITES.value, limit=_LIMIT.value or None, games=_GAMES.value,
-                games_max_turns=_GAMES_MAX_TURNS.value or cfg.spade.max_turns,
+                games_max_turns=_GAMES_MAX_TURNS.value or run_config.spade.max_turns,
                 bfcl_step_limit=_BFCL_STEP_LIMIT.value or None)
         if _CHECKPOINT.value:
-            runner.checkpoint_location(_CHECKPOINT.value)
+            checkpoint_location(_CHECKPOINT.value)
         check_writable(_OUT.value)
     except (ValueError, ImportError, OSError) as err:  # OSError: a missing file, --out unwritable
         sys.exit(f"error: {err}")
 
-    from spade_jax.config import parse
-    from spade_jax.errors import CheckpointError
     from spade_jax.spade.runtime import Runtime
 
-    rt = Runtime.create(parse(cfg))
+    rt = Runtime.create(run_config)
     try:
         if _CHECKPOINT.value:
-            try:
-                step = runner.restore_checkpoint(rt, _CHECKPOINT.value)
-            except (FileNotFoundError, CheckpointError) as err:
-                sys.exit(f"error: {err}")
+            step = runner.restore_checkpoint(rt, _CHECKPOINT.value)
             logging.info("evaluating checkpoint %d of %s", step, _CHECKPOINT.value)
         if _TABLE.value:
             from spade_jax.eval.simulated_user import load_user_model
 
             user_model = load_user_model(rt, _USER_MODEL.value) if _USER_MODEL.value else None
             tables.run_table(rt, _TABLE.value, suite_tasks, settings, _OUT.value,
-                             data_dir=_DATA_DIR.value, batch_size=_BATCH.value, seed=cfg.seed,
-                             user_model=user_model)
+                             data_dir=_DATA_DIR.value, batch_size=_BATCH.value,
+                             seed=run_config.seed, user_model=user_model)
         else:
             decoding = dataclasses.replace(
-                runner.greedy(_MAX_NEW_TOKENS.value or cfg.sampling.agent_max_new_tokens),
+                runner.greedy(_MAX_NEW_TOKENS.value or run_config.sampling.agent_max_new_tokens),
                 temperature=_TEMPERATURE.value)
             runner.evaluate(rt, tasks, _OUT.value, decoding=decoding, batch_size=_BATCH.value,
-                            with_hints=_HINTS.value, seed=cfg.seed)
+                            with_hints=_HINTS.value, seed=run_config.seed)
     finally:
         rt.close()
     if _TABLE.value:

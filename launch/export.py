@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from pathlib import Path
 
 from absl import flags
+from etils import epath
 from ml_collections import config_flags
 
 from spade_jax.cli import run
-from spade_jax.errors import SpadeError
+from spade_jax.errors import MissingFileError
+from spade_jax.workdir import check_writable
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "The run's configs/*.py (default: <workdir>/config.json).")
@@ -37,29 +37,13 @@ _SHARD = flags.DEFINE_bool(
 flags.mark_flags_as_required(["checkpoint", "out"])
 
 
-class ExportError(SpadeError):
-    """The checkpoint or its config could not be found or read."""
-
-
-def locate(checkpoint: str) -> tuple[Path, int | None]:
-    """(workdir, step) of a workdir path (step None: newest) or a `checkpoints/N` path."""
-    path = Path(checkpoint).expanduser().resolve()
-    if path.name.isdigit() and path.parent.name == "checkpoints":
-        return path.parent.parent, int(path.name)
-    if (path / "checkpoints").is_dir():
-        return path, None
-    raise ExportError(
-        f"{checkpoint} is neither a training workdir (with checkpoints/) nor a "
-        "<workdir>/checkpoints/N directory")
-
-
-def read_run_config(workdir: Path):
-    """The run config a workdir recorded in config.json, as a ConfigDict."""
+def read_run_config(workdir: epath.Path):
+    """The run config a workdir (local or `gs://`) recorded in config.json, as a ConfigDict."""
     import ml_collections
 
     path = workdir / "config.json"
     if not path.is_file():
-        raise ExportError(
+        raise MissingFileError(
             f"{path} does not exist (runs started before config.json was recorded); pass "
             "--config=configs/<the run's config>.py with the run's overrides")
     return ml_collections.ConfigDict(json.loads(path.read_text()))
@@ -83,19 +67,20 @@ def model_config_and_tokenizer(run):
     return model_cfg, load_tokenizer(source)
 
 
-def export(checkpoint: str, out: str, cfg=None, *, dtype=None, shard: bool = False) -> Path:
+def export(checkpoint: str, out: str, cfg=None, *, dtype=None,
+           shard: bool = False) -> epath.Path:
     """Restore a checkpoint's parameters and write them as an HF directory at `out`."""
     import flax.nnx as nnx
     import jax
 
     from spade_jax import config as config_lib
-    from spade_jax.checkpoint import Checkpointer
+    from spade_jax.checkpoint import checkpoint_location, restore_state
     from spade_jax.readiness import abstract_train_state
     from spade_jax.rl.trainer import TrainConfig, make_optimizer
     from spade_jax.sharding import make_mesh
     from spade_jax.weights.safetensors_io import save_hf
 
-    workdir, step = locate(checkpoint)
+    workdir, step = checkpoint_location(checkpoint)
     run = config_lib.parse(cfg if cfg is not None else read_run_config(workdir))
     model_cfg, tokenizer = model_config_and_tokenizer(run)
     if shard:
@@ -104,14 +89,7 @@ def export(checkpoint: str, out: str, cfg=None, *, dtype=None, shard: bool = Fal
         mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     optimizer = make_optimizer(TrainConfig())  # only the optimizer state's structure matters
     model, target = abstract_train_state(model_cfg, optimizer, mesh, run.model.param_dtype)
-    checkpointer = Checkpointer(str(workdir))
-    try:
-        step = step if step is not None else checkpointer.latest_step()
-        if step is None:
-            raise ExportError(f"{workdir}/checkpoints holds no finished checkpoint")
-        state, _ = checkpointer.restore(step, target)
-    finally:
-        checkpointer.close()
+    state, step = restore_state(workdir, step, target)
     graphdef, _ = nnx.split(model)
     trained = nnx.merge(graphdef, state.params)
     directory = save_hf(trained, out, tokenizer=tokenizer, dtype=dtype)
@@ -123,9 +101,10 @@ def main(argv):
     del argv
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    check_writable(_OUT.value)
     path = export(_CHECKPOINT.value, _OUT.value, _CONFIG.value, dtype=_DTYPE.value,
                   shard=_SHARD.value)
-    print(f"wrote {path} ({', '.join(sorted(os.listdir(path)))})")
+    print(f"wrote {path} ({', '.join(sorted(p.name for p in path.iterdir()))})")
 
 
 if __name__ == "__main__":

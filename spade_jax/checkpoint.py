@@ -10,12 +10,14 @@ JSON on every process.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
-from spade_jax.errors import CheckpointError
+from spade_jax.errors import CheckpointError, MissingFileError
 from spade_jax.workdir import absolute_path
 
 FORMAT_VERSION = 1
@@ -88,3 +90,32 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def checkpoint_location(path: str | os.PathLike) -> tuple[epath.Path, int | None]:
+    """(training workdir, step or None for its newest) of a workdir or its `checkpoints/<step>`
+    directory, local or `gs://`; a MissingFileError when `path` is neither."""
+    path = absolute_path(os.path.expanduser(os.fspath(path)))
+    if path.parent.name == "checkpoints" and path.name.isdigit():
+        if not path.is_dir():
+            raise MissingFileError(f"no checkpoint directory {path}")
+        return path.parent.parent, int(path.name)
+    if not (path / "checkpoints").is_dir():
+        raise MissingFileError(f"no checkpoints under {path}: pass a training workdir or its "
+                               "checkpoints/<step> directory")
+    return path, None
+
+
+def restore_state(workdir: str | os.PathLike, step: int | None,
+                  target_state: Any) -> tuple[Any, int]:
+    """(device state, step) of checkpoint `step` of `workdir` (None: its newest complete one),
+    restored onto the shardings of `target_state`."""
+    checkpointer = Checkpointer(os.fspath(workdir))
+    try:
+        step = checkpointer.latest_step() if step is None else step
+        if step is None:
+            raise MissingFileError(f"no complete checkpoint in {checkpointer.directory}")
+        state, _ = checkpointer.restore(step, target_state)
+    finally:
+        checkpointer.close()
+    return state, step

@@ -41,7 +41,6 @@ from spade_jax.spade.rollout import (
     conversation_capacity,
     play_episodes,
 )
-from spade_jax.workdir import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -224,37 +223,12 @@ def run_in_loop_eval(rt, tasks: Sequence[EvalTask], out_dir: str | Path | None, 
     return summary_metrics(summary)
 
 
-def checkpoint_location(path: str | Path) -> tuple[epath.Path, int | None]:
-    """(training workdir, step or None for its newest) of a workdir or `checkpoints/<step>`.
-
-    `path` may be local or a `gs://` URI."""
-    from spade_jax.errors import MissingFileError
-
-    path = epath.Path(path) if is_remote(path) else epath.Path(Path(path).expanduser().resolve())
-    if path.parent.name == "checkpoints" and path.name.isdigit():
-        if not path.is_dir():
-            raise MissingFileError(f"no checkpoint directory {path}")
-        return path.parent.parent, int(path.name)
-    if not (path / "checkpoints").is_dir():
-        raise MissingFileError(f"no checkpoints under {path}: pass a training workdir or its "
-                               "checkpoints/<step> directory")
-    return path, None
-
-
 def restore_checkpoint(rt, path: str | Path) -> int:
-    """Load the params of a training checkpoint (`checkpoint_location`) into `rt`; its step."""
-    from spade_jax.checkpoint import Checkpointer
-    from spade_jax.errors import MissingFileError
+    """Load the params of a training checkpoint (a workdir or its `checkpoints/<step>`,
+    `checkpoint.checkpoint_location`) into `rt`; its step."""
+    from spade_jax.checkpoint import checkpoint_location, restore_state
 
-    workdir, step = checkpoint_location(path)
-    checkpointer = Checkpointer(str(workdir))
-    try:
-        step = checkpointer.latest_step() if step is None else step
-        if step is None:
-            raise MissingFileError(f"no complete checkpoint in {workdir / 'checkpoints'}")
-        state, _ = checkpointer.restore(step, rt.device_state())
-    finally:
-        checkpointer.close()
+    state, step = restore_state(*checkpoint_location(path), rt.device_state())
     rt.set_device_state(state)
     return step
 

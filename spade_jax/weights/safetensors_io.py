@@ -3,21 +3,24 @@
 Import reads `config.json` into a ModelConfig and each device's slice of every tensor straight
 from the (possibly multi-file) safetensors checkpoint, so a 30B model never exists whole in
 host memory. Export writes `config.json` plus `model*.safetensors` (sharded with an index past
-`max_shard_bytes`) one layer at a time, and the tokenizer files when a tokenizer is given;
-`transformers.AutoModelForCausalLM.from_pretrained` loads the result.
+`max_shard_bytes`) one layer at a time, and the tokenizer files when a tokenizer is given,
+to a local directory or a `gs://` one; `transformers.AutoModelForCausalLM.from_pretrained`
+loads the result.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from jax.sharding import Mesh
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save, save_file
 
 from spade_jax.distributed import to_host
 from spade_jax.errors import CheckpointError, MissingFileError
@@ -26,6 +29,7 @@ from spade_jax.models.transformer import Transformer
 from spade_jax.weights.hf_config import hf_config_dict, model_config_from_hf, read_config_json
 from spade_jax.weights.hf_layout import leaf_layouts
 from spade_jax.weights.loading import load_model
+from spade_jax.workdir import absolute_path, is_remote
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -116,13 +120,14 @@ def save_hf(
     tokenizer=None,
     dtype=None,
     max_shard_bytes: int = 4 << 30,
-) -> Path:
-    """Write `model` as an HF checkpoint directory (config.json, safetensors, tokenizer).
+) -> epath.Path:
+    """Write `model` as an HF checkpoint directory (config.json, safetensors, tokenizer),
+    local or `gs://` (each file one object upload).
 
     Every process must call this (gathering is collective); only process 0 writes. `dtype`
     defaults to the parameter dtype (e.g. bfloat16 to serve a 30B policy with vLLM).
     """
-    directory = Path(directory)
+    directory = absolute_path(directory)
     dtype = np.dtype(dtype if dtype is not None else model.embed[...].dtype)
     writer = jax.process_index() == 0
     if writer:
@@ -143,7 +148,7 @@ def save_hf(
         return directory
     total = len(shards)
     if total == 1:
-        save_file(shards[0], str(directory / "model.safetensors"), metadata={"format": "pt"})
+        _save_tensors(directory / "model.safetensors", shards[0])
     else:
         _write_shard(directory, shards[-1], total)
         names = {i: f"model-{i:05d}-of-{total:05d}.safetensors" for i in range(1, total + 1)}
@@ -158,11 +163,30 @@ def save_hf(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        tokenizer.save_pretrained(str(directory))
+        _save_tokenizer(tokenizer, directory)
     (directory / "config.json").write_text(json.dumps(hf, indent=2))
     return directory
 
 
-def _write_shard(directory: Path, tensors: dict[str, np.ndarray], number: int) -> None:
-    save_file(tensors, str(directory / f"tmp-{number:05d}.safetensors"), metadata={"format": "pt"})
+def _save_tensors(path: epath.Path, tensors: dict[str, np.ndarray]) -> None:
+    """One safetensors file: streamed to a local path, or uploaded whole to a bucket."""
+    if is_remote(path):
+        path.write_bytes(save(tensors, metadata={"format": "pt"}))
+    else:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _write_shard(directory: epath.Path, tensors: dict[str, np.ndarray], number: int) -> None:
+    _save_tensors(directory / f"tmp-{number:05d}.safetensors", tensors)
     tensors.clear()
+
+
+def _save_tokenizer(tokenizer, directory: epath.Path) -> None:
+    """The tokenizer's files in `directory` (`save_pretrained` writes local files only)."""
+    if not is_remote(directory):
+        tokenizer.save_pretrained(str(directory))
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer.save_pretrained(scratch)
+        for path in sorted(Path(scratch).iterdir()):
+            (directory / path.name).write_bytes(path.read_bytes())

@@ -176,6 +176,41 @@ def test_metrics_and_checkpoints_land_in_the_bucket(bucket, tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []  # nothing under <cwd>/gs:
 
 
+def test_export_reads_a_bucket_workdir_and_writes_a_bucket_directory(bucket, tmp_path):
+    """launch/export.py on a workdir in the bucket, writing its HF directory to the bucket,
+    gives the same files, byte for byte, as on a local copy of that workdir."""
+    import flax.nnx as nnx
+    import jax
+
+    from spade_jax.config import load_config_file, parse
+    from spade_jax.models.transformer import Transformer
+    from spade_jax.rl.trainer import TrainConfig, init_train_state, make_optimizer
+    from spade_jax.sharding import make_mesh
+
+    cfg = load_config_file("tiny")
+    model = Transformer(parse(cfg).model.arch, rngs=nnx.Rngs(5))
+    state = init_train_state(model, make_optimizer(TrainConfig()),
+                             make_mesh((1, 1, 1), jax.devices()[:1]))
+    local, remote = tmp_path / "run", bucket / tmp_path.name / "run"
+    for workdir in (local, remote):
+        checkpointer = Checkpointer(str(workdir))
+        checkpointer.save(3, state, {"cycle": 3})
+        checkpointer.close()
+        write_text_atomic(workdir / "config.json", cfg.to_json_best_effort())
+    ours, theirs = tmp_path / "hf", bucket / tmp_path.name / "hf"
+    for checkpoint, out in ((local / "checkpoints" / "3", ours), (remote, theirs)):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "launch" / "export.py"), f"--checkpoint={checkpoint}",
+             f"--out={out}"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "XLA_FLAGS": one_device_xla_flags()})
+        assert result.returncode == 0, result.stderr[-3000:]
+    names = files_under(ours)
+    assert "model.safetensors" in names and files_under(theirs) == names
+    for name in names:
+        assert (theirs / name).read_bytes() == (ours / name).read_bytes(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no <cwd>/gs: dir
+
+
 def test_compile_cache_dir_defaults_to_the_workdir_and_empty_turns_it_off():
     assert compile_cache_dir("gs://b/run", None) == "gs://b/run/compile_cache"
     assert compile_cache_dir("runs/t", None) == "runs/t/compile_cache"

@@ -108,7 +108,9 @@ def test_every_entry_point_names_a_missing_config_file_in_one_line(command):
 
 @pytest.mark.parametrize("command, message", [
     (["launch/export.py", "--checkpoint=no/such/run", "--out=unused"],
-     "no/such/run is neither a training workdir"),
+     "no checkpoints under"),
+    (["launch/export.py", "--checkpoint=no/such/run", "--out=README.md/hf"],
+     "README.md is a file, not a directory"),
     (["launch/eval.py", "--config=configs/tiny.py", "--suites=games", "--out=README.md/eval"],
      "README.md is a file, not a directory"),
     (["-m", "spade_jax.plan", "--config=configs/tiny.py", "--topology=v9-8"],

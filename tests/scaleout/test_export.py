@@ -58,16 +58,21 @@ def test_export_loads_in_transformers_with_our_logits(tiny_workdir, tmp_path):
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
 
 
-def test_locate_names_what_is_wrong(tmp_path):
+def test_checkpoint_paths_are_located_or_refused_by_name(tmp_path):
     import importlib.util
+
+    from spade_jax.checkpoint import checkpoint_location
+    from spade_jax.errors import MissingFileError
 
     spec = importlib.util.spec_from_file_location("export", ROOT / "launch" / "export.py")
     export = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(export)
     (tmp_path / "checkpoints" / "7").mkdir(parents=True)
-    assert export.locate(str(tmp_path)) == (tmp_path.resolve(), None)
-    assert export.locate(str(tmp_path / "checkpoints" / "7")) == (tmp_path.resolve(), 7)
-    with pytest.raises(export.ExportError, match="neither a training workdir"):
-        export.locate(str(tmp_path / "nope"))
-    with pytest.raises(export.ExportError, match="config.json"):
-        export.read_run_config(tmp_path)
+    assert checkpoint_location(str(tmp_path)) == (tmp_path.resolve(), None)
+    assert checkpoint_location(tmp_path / "checkpoints" / "7") == (tmp_path.resolve(), 7)
+    with pytest.raises(MissingFileError, match="no checkpoints under"):
+        checkpoint_location(str(tmp_path / "nope"))
+    with pytest.raises(MissingFileError, match="no checkpoint directory"):
+        checkpoint_location(str(tmp_path / "checkpoints" / "8"))
+    with pytest.raises(MissingFileError, match="config.json"):
+        export.read_run_config(checkpoint_location(tmp_path)[0])
