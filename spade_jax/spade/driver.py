@@ -20,6 +20,7 @@ from spade_jax import plan
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.config import MemoryConfig
 from spade_jax.distributed import is_main_process
+from spade_jax.errors import ConfigError
 from spade_jax.eval.runner import in_loop_tasks, run_in_loop_eval
 from spade_jax.metrics import MetricsWriter, PhaseTimer
 from spade_jax.spade.artifacts import Artifacts
@@ -78,6 +79,10 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
     if run.mode.designs and not run.spade.no_corpus:
         corpus = load_corpus(run.corpus.source, max_words=run.corpus.max_words,
                              tfds_data_dir=run.corpus.data_dir or None)
+    try:  # bad in-loop eval settings fail before the model loads too
+        eval_tasks = in_loop_tasks(run.eval, run.spade.max_turns)
+    except (ValueError, ImportError) as err:
+        raise ConfigError(f"eval: {err}") from err
     rt = runtime or Runtime.create(run)
     owns_runtime = runtime is None
     cache = enable_compilation_cache(compile_cache) if compile_cache else None
@@ -91,7 +96,6 @@ def run_training(cfg, workdir: str, *, resume: bool = True, runtime=None,
         logging.info("resuming at cycle %d from %s", state.cycle, checkpointer.directory)
     if main:
         write_config(cfg, workdir)
-    eval_tasks = in_loop_tasks(run.eval, run.spade.max_turns)
     writer = MetricsWriter(workdir, enabled=main, logging=run.logging, config=cfg.to_dict())
     artifacts = Artifacts(workdir, enabled=main)
     bar = tqdm(total=run.total_cycles, initial=state.cycle, desc="SPADE", disable=not main)

@@ -42,6 +42,12 @@ def test_a_workdir_under_a_file_is_one_clear_error(tmp_path):
                            f"{workdir}: {tmp_path / 'file'} is a file, not a directory")
 
 
+def test_bad_in_loop_eval_suites_are_one_clear_error_before_the_model_loads(tmp_path):
+    assert_one_clear_error(tmp_path, "--config.eval.every=1", "eval: unknown eval suites",
+                           "--config.eval.suites=games,bogus",
+                           "--config.model.tokenizer=/no/such/tokenizer")
+
+
 @pytest.mark.parametrize("pool, message", [
     (None, "no .py environment files there"),  # an empty directory
     ("reasoning_gym:chain_sum,bogus", "unknown reasoning-gym categories ['bogus']"),
