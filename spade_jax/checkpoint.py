@@ -1,4 +1,4 @@
-"""Checkpoints: device state (params, optimizer) and host data (memory, RNG, counters) together.
+"""Checkpoints: device state (params, optimizer) and host data (HostState, history) together.
 
 A thin wrapper over orbax's CheckpointManager. Saves are atomic (orbax writes to a temporary
 directory and commits by rename), so a run killed mid-save keeps its previous checkpoint. Restore

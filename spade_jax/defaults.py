@@ -43,7 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.total_cycles = 400
     c.mode = Mode.SPADE.value  # spade | fixed (the paper's fixed-environment baseline)
-    c.fixed_pool = "seeds"  # fixed mode: 'seeds' or a directory of environment .py files
+    # fixed mode: 'seeds', 'reasoning_gym[:CAT,...]' or a directory of environment .py files
+    c.fixed_pool = "seeds"
 
     c.model = ml_collections.ConfigDict()
     # 'smollm2-135m-instruct', an HF directory, a .gguf file, or 'random' (built from arch).

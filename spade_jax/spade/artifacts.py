@@ -1,8 +1,10 @@
 """What a run leaves in its workdir besides checkpoints: every environment as a `.py` file.
 
-`envs/cycle_XXXXX/<env_id>.py` holds the code exactly as validated (or as generated, for
-rejected attempts, under `rejected/`), next to `<env_id>.json` with its validation report and
-play statistics. Only process 0 writes.
+Every Designer attempt of a cycle is `envs/cycle_XXXXX/s<slot>_a<attempt>_<skill>.py`, the code
+exactly as validated (or as generated, for rejected attempts, under `rejected/`), next to a
+`.json` of the same name with its skill, `doc_id`, validity and failed checks (check,
+message). Every environment played that cycle gets `played_<env_id>.json`: its skill, hint
+and play statistics. Only process 0 writes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """One SPADE cycle, composed from small modules (docs/DESIGN.md §4.1).
 
-    design (regen cycles) → hints → play K without / K with hint → regret and rewards →
+    design (regen cycles) → hints → play without / with hint → regret and rewards →
     advantages → one policy-gradient step on Designer + Agent samples → memory
+
+Every environment of the pool is played `spade.plays_per_env` times without hint (8 by
+default); with `spade.hint_plays_when='regen'` (the default) only the environments designed
+this cycle are also played `spade.hint_plays_per_env` times with it (16 by default).
 
 The device side (generation, multi-turn sampling, the train step) and the sandboxed environments
 are reached through a `Runtime` (spade/runtime.py); everything here is host-side bookkeeping.
