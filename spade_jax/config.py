@@ -185,11 +185,11 @@ class SamplingConfig:
     agent_max_new_tokens: int = 8192  # per turn
     hint_temperature: float = 0.3
     hint_top_p: float = 0.9
-    hint_top_k: int = 20
+    hint_top_k: int = 0
     hint_max_new_tokens: int = 4096
     validator_temperature: float = 0.3
     validator_top_p: float = 0.9
-    validator_top_k: int = 20
+    validator_top_k: int = 0
     validator_max_new_tokens: int = 16384
     max_context: int = 32768
     prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE

@@ -81,13 +81,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampling.agent_max_new_tokens = 8192  # per turn
     c.sampling.hint_temperature = 0.3
     c.sampling.hint_top_p = 0.9
-    c.sampling.hint_top_k = 20
+    c.sampling.hint_top_k = 0  # off: the reference leaves Slime's --rollout-top-k at -1
     c.sampling.hint_max_new_tokens = 4096  # games; 2048 in the tool-use recipes
     # The self-validation verdict (spade.self_validation): the reference's env_validator_*
-    # (temperature 0.3, 16384 tokens) through the same adapter as the hint call (top-p 0.9).
+    # (temperature 0.3, 16384 tokens) through the same adapter as the hint call (top-p 0.9,
+    # no top-k).
     c.sampling.validator_temperature = 0.3
     c.sampling.validator_top_p = 0.9
-    c.sampling.validator_top_k = 20
+    c.sampling.validator_top_k = 0
     c.sampling.validator_max_new_tokens = 16384
     c.sampling.max_context = 32768
     # Tokens one prefill / observation-append call computes per device (its rows x width);

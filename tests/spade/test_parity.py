@@ -25,11 +25,11 @@ REFERENCE_DEFAULTS = {
     "sampling.designer_top_k": 20, "sampling.designer_max_new_tokens": 16384,
     "sampling.agent_temperature": 0.6, "sampling.agent_top_p": 0.95,
     "sampling.agent_top_k": 20, "sampling.agent_max_new_tokens": 8192,
-    "sampling.hint_temperature": 0.3, "sampling.hint_top_p": 0.9, "sampling.hint_top_k": 20,
+    "sampling.hint_temperature": 0.3, "sampling.hint_top_p": 0.9, "sampling.hint_top_k": 0,
     "sampling.hint_max_new_tokens": 4096, "sampling.max_context": 32768,
     # spade/core/types.py env_validator_temperature / _max_tokens, through the hint's adapter
     "sampling.validator_temperature": 0.3, "sampling.validator_top_p": 0.9,
-    "sampling.validator_top_k": 20, "sampling.validator_max_new_tokens": 16384,
+    "sampling.validator_top_k": 0, "sampling.validator_max_new_tokens": 16384,
     "spade.self_validation": False,  # use_env_validator (on in the tool-use recipes)
     "spade.plays_per_env": 8, "spade.hint_plays_per_env": 16, "spade.hint_plays_when": "regen",
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
