@@ -58,19 +58,18 @@ def record_plays(pending: list[PendingDesign], cycle: int,
     for design in pending:
         offset = cycle - design.cycle
         in_window = offset < max(1, design.due - design.cycle)
-        if design.status == DesignerStatus.OK and in_window and design.env_id in nohint_returns:
+        if (design.status != DesignerStatus.INVALID and in_window
+                and design.env_id in nohint_returns):
             design.window.add(offset, nohint_returns[design.env_id])
 
 
-def due_outcome(design: PendingDesign, blacklist: set[str],
-                matched_timing: bool = True) -> DesignerOutcome:
-    """The reward input of a due sample, from its whole delay window."""
-    if design.status != DesignerStatus.OK:
+def due_outcome(design: PendingDesign, matched_timing: bool = True) -> DesignerOutcome:
+    """The reward input of a due sample, from its whole delay window, with the status of its
+    regen cycle (as the reference, which flags only the timeouts of that cycle's plays)."""
+    if design.status == DesignerStatus.INVALID:
         return DesignerOutcome(design.skill, design.status)
-    if design.env_id in blacklist:  # an env call timed out during the window
-        return DesignerOutcome(design.skill, DesignerStatus.STEP_TIMEOUT)
     return DesignerOutcome(
-        design.skill, DesignerStatus.OK,
+        design.skill, design.status,
         regret=regret.window_regret(design.r_hint, design.window, matched_timing),
         win_rate=regret.window_mean_return(design.window),
         n_plays=len(design.window.all_returns()))

@@ -328,10 +328,10 @@ def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
         env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
         if not attempt.valid:
             status, r_hint = DesignerStatus.INVALID, 0.0
-        elif env_id in state.blacklist:
-            status, r_hint = DesignerStatus.STEP_TIMEOUT, 0.0
-        elif env_id in by_env:
-            status, r_hint = DesignerStatus.OK, by_env[env_id].r_hint or 0.0
+        elif env_id in by_env:  # a timeout in its plays has blacklisted it
+            status = (DesignerStatus.STEP_TIMEOUT if env_id in state.blacklist
+                      else DesignerStatus.OK)
+            r_hint = by_env[env_id].r_hint or 0.0
         else:
             continue
         pending.append(PendingDesign(due, state.cycle, designer_sample(rt, attempt, 0.0),
@@ -347,7 +347,7 @@ def designer_samples_for(
     Rewards follow the variant, penalties, per-skill centring and role scale (docs/DESIGN.md §4.6),
     over each sample's delay window (only the regen cycle itself when the delay is 0).
     """
-    outcomes = [due_outcome(d, state.blacklist, s.matched_timing) for d in due]
+    outcomes = [due_outcome(d, s.matched_timing) for d in due]
     if not outcomes:
         return [], np.zeros(0)
     variant = s.reward_variant

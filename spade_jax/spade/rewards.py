@@ -72,12 +72,6 @@ class DesignerStatus(enum.StrEnum):
     STEP_TIMEOUT = "step_timeout"
     INVALID = "invalid"
 
-    @property
-    def penalty(self) -> float | None:
-        """The fixed raw reward of a failure (None for a played sample)."""
-        return {DesignerStatus.STEP_TIMEOUT: STEP_TIMEOUT_PENALTY,
-                DesignerStatus.INVALID: INVALID_GENERATION_PENALTY}.get(self)
-
 
 class RewardVariant(enum.StrEnum):
     """How a played Designer sample is scored (docs/DESIGN.md §4.6), and what the variant
@@ -96,10 +90,21 @@ class RewardVariant(enum.StrEnum):
                              f"{tuple(cls)}")
         return cls(value)
 
+    def penalty(self, status: DesignerStatus) -> float | None:
+        """The fixed raw reward of a failed sample, or None when the variant scores it from
+        its plays. An invalid design always gets its penalty; a step timeout only under
+        ``regret``: the reference's blend, solve-rate and learning-potential rewards score a
+        timed-out environment from the plays it got, like any other."""
+        if status is DesignerStatus.INVALID:
+            return INVALID_GENERATION_PENALTY
+        if status is DesignerStatus.STEP_TIMEOUT and self is RewardVariant.REGRET:
+            return STEP_TIMEOUT_PENALTY
+        return None
+
     def score(self, outcome: DesignerOutcome,
               learning_potentials: Mapping[str, LearningPotentialState] | None,
               blend: BlendParams) -> float:
-        """Raw reward of a played (status ok) sample."""
+        """Raw reward of a sample scored from its plays (no `penalty`)."""
         if self is RewardVariant.REGRET:
             return regret_reward(outcome.regret)
         if self is RewardVariant.BLEND:
@@ -138,7 +143,7 @@ class RewardVariant(enum.StrEnum):
         out = dict(trackers)
         if self is not RewardVariant.LEARNING_POTENTIAL:
             return out
-        played = [o for o in outcomes if o.status == DesignerStatus.OK
+        played = [o for o in outcomes if self.penalty(o.status) is None
                   and (o.n_plays > 0 or not pooled)]
         for skill in dict.fromkeys(o.skill for o in played):
             mine = [o for o in played if o.skill == skill]
@@ -328,10 +333,11 @@ def learning_potential_reward(mean_return: float, state: LearningPotentialState)
 class DesignerOutcome:
     """What the Designer reward needs to know about one Designer sample.
 
-    ``status`` is ``ok`` (validated and played), ``step_timeout`` (an env call timed out;
-    the env is blacklisted) or ``invalid`` (the generation failed validation). ``win_rate`` is
-    the mean Agent return over the window (plateau input), over ``n_plays`` plays; ``regret``
-    is unfloored.
+    ``status`` is ``ok`` (validated and played), ``step_timeout`` (an env call timed out in
+    its regen cycle's plays; the env is blacklisted) or ``invalid`` (the generation failed
+    validation). ``win_rate`` is the mean Agent return over the window (plateau input), over
+    ``n_plays`` plays; ``regret`` is unfloored; a timed-out sample has them too, from the plays
+    it got (`RewardVariant.penalty` says which variants use them).
     """
 
     skill: str
@@ -364,10 +370,10 @@ def raw_designer_reward(
     learning_potentials: Mapping[str, LearningPotentialState] | None = None,
     blend: BlendParams = BlendParams(),
 ) -> float:
-    """Raw reward of one Designer sample: a penalty for failures, else the variant's value
-    (``blend`` and ``solve_rate`` with the constants of ``blend``)."""
+    """Raw reward of one Designer sample: the variant's penalty for a failure, else the
+    variant's value (``blend`` and ``solve_rate`` with the constants of ``blend``)."""
     variant = RewardVariant.parse(variant)
-    penalty = outcome.status.penalty
+    penalty = variant.penalty(outcome.status)
     if penalty is not None:
         return penalty
     return variant.score(outcome, learning_potentials, blend)
@@ -419,10 +425,11 @@ def designer_rewards(
     """Raw rewards, training mask and advantages ``(raw - skill mean) * scale`` of a batch.
 
     A sample is not trained when it is ``invalid`` and ``penalize_invalid`` is off (the
-    reference retries silently and emits no sample), or, for ``blend``, when its raw reward
-    is negative, which needs ``blend.regret_floor=False`` (reference mask against the
-    difficulty-easing death spiral: a negative sample centred back up would get a positive
-    advantage). Penalties (timeout, invalid) are kept and centred with their skill.
+    reference retries silently and emits no sample), or, for ``blend``, when the raw reward
+    it was scored with from its plays is negative, which needs ``blend.regret_floor=False``
+    (reference mask against the difficulty-easing death spiral: a negative sample centred
+    back up would get a positive advantage). Penalties (`RewardVariant.penalty`) are kept and
+    centred with their skill.
     """
     variant = RewardVariant.parse(variant)
     raw = np.array(
@@ -436,7 +443,7 @@ def designer_rewards(
     for index, outcome in enumerate(outcomes):
         if outcome.status == DesignerStatus.INVALID and not penalize_invalid:
             trained[index] = False
-        if (not variant.trains_negative() and outcome.status == DesignerStatus.OK
+        if (not variant.trains_negative() and variant.penalty(outcome.status) is None
                 and raw[index] < 0):
             trained[index] = False
     advantages = center_per_skill(raw, [o.skill for o in outcomes], trained) * scale

@@ -23,11 +23,11 @@ def test_window_holds_the_regen_cycle_and_the_delay_cycles_after_it():
     # offsets 0, 1 and 3 are in the window; cycle 8 (the due cycle) is not
     assert design.window.by_offset == {0: [0.0, 1.0], 1: [1.0, 1.0], 3: [1.0, 0.0]}
     assert other.window.by_offset == {}
-    outcome = due_outcome(design, blacklist=set())
+    outcome = due_outcome(design)
     # matched timing: r_hint 0.75 - mean(offset 0) 0.5; win rate: mean of all 6 plays
     assert outcome.regret == pytest.approx(0.25)
     assert outcome.win_rate == pytest.approx(4 / 6)
-    window_mean = due_outcome(design, blacklist=set(), matched_timing=False)
+    window_mean = due_outcome(design, matched_timing=False)
     assert window_mean.regret == pytest.approx(0.75 - 4 / 6)
     # blend of the windowed outcome: 0.6 * plateau(0.667) + 0.4 * clip(0.25 / 0.15, 0, 1)
     assert rewards.raw_designer_reward(outcome, "blend") == pytest.approx(
@@ -41,11 +41,17 @@ def test_without_delay_the_window_is_the_regen_cycle_only():
     assert design.window.by_offset == {0: [0.0, 0.5]}
 
 
-def test_penalties_and_a_timeout_during_the_window():
-    assert due_outcome(pending("invalid"), set()).status == "invalid"
-    design = pending()
-    record_plays([design], 4, {design.env_id: [1.0]})
-    assert due_outcome(design, {design.env_id}).status == "step_timeout"
+def test_a_timed_out_sample_keeps_its_plays_and_an_invalid_one_has_none():
+    invalid = pending("invalid")
+    record_plays([invalid], 4, {invalid.env_id: [1.0]})
+    assert invalid.window.by_offset == {}
+    assert due_outcome(invalid) == rewards.DesignerOutcome("Logical_Deduction", "invalid")
+    # blacklisted in its regen cycle: the plays it got there are its window, as the
+    # reference's blend scores it from them (only `regret` gives the -0.5 penalty)
+    timed_out = pending("step_timeout")
+    record_plays([timed_out], 4, {timed_out.env_id: [1.0, 0.0]})
+    assert due_outcome(timed_out) == rewards.DesignerOutcome(
+        "Logical_Deduction", "step_timeout", regret=0.25, win_rate=0.5, n_plays=2)
 
 
 def test_pending_design_survives_a_checkpoint_round_trip():

@@ -1,5 +1,6 @@
 """Golden values for the Agent return and the Designer reward variants (reference formulas)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -87,6 +88,24 @@ def test_designer_rewards_regret_variant_with_penalties():
     parity = R.designer_rewards(outcomes, "regret", scale=2.0, penalize_invalid=False)
     assert parity.trained.tolist() == [True, True, True, True, False]
     np.testing.assert_allclose(parity.advantages, [1.0, 0.0, -1.0, 0.0, 0.0])
+
+
+def test_only_the_regret_variant_penalises_a_step_timeout():
+    # the reference: recompute_delayed_env_rewards_regret gives -0.5; blend, solve rate and
+    # learning potential score the timed-out environment from its plays
+    timed_out = R.DesignerOutcome("A", status="step_timeout", regret=0.3, win_rate=0.5,
+                                  n_plays=4)
+    played = dataclasses.replace(timed_out, status="ok")
+    assert R.raw_designer_reward(timed_out, "regret") == -0.5
+    trackers = {"A": R.LearningPotentialState()}
+    for variant in ("blend", "solve_rate", "learning_potential"):
+        assert R.raw_designer_reward(timed_out, variant, learning_potentials=trackers) == \
+            R.raw_designer_reward(played, variant, learning_potentials=trackers) > 0
+    # and blend masks a timed-out sample scored negative, as any played one
+    unfloored = R.BlendParams(regret_floor=False)
+    negative = dataclasses.replace(timed_out, regret=-0.3, win_rate=0.0)
+    result = R.designer_rewards([negative, played], "blend", 1.0, blend=unfloored)
+    assert result.raw[0] < 0 and result.trained.tolist() == [False, True]
 
 
 def test_designer_rewards_blend_and_mask():
