@@ -8,7 +8,9 @@ Modes:
 * ``designer``: the environment's own ``hint()`` text.
 
 A hint that contains the normalised solution is rejected (``spade_jax.envs.contract
-.hint_leaks``), and so is an empty one; a rejected hint means no hint plays and regret 0.
+.hint_leaks``), and so is an empty one. A hint play that was shown no hint does not count
+for regret; with none shown (or no hint written, which means no hint plays) the hint side's
+mean is 0, as the reference's regret when hint generation fails (`loop.EnvPlays`).
 The accepted hint is appended to the first observation only:
 ``"{first_observation}\\n\\nHINT: {hint}"``.
 """

@@ -177,9 +177,14 @@ def write_hints(rt, s: SpadeConfig, sampling: SamplingConfig, envs: list[Designe
 
 @dataclasses.dataclass(frozen=True)
 class EnvPlays:
-    """One environment's plays of a cycle: K without hint, those with hint (none in a cycle
+    """One environment's plays of a cycle: K without hint, those with hint (None in a cycle
     without hint plays of it; play i of both shares seed i), the plays that count
-    (`FailedPlays`), and the regret statistics of their returns."""
+    (`FailedPlays`), and the regret statistics of their returns.
+
+    A hint play counts only if it was shown the hint: when none was (the hint call gave
+    nothing, or every episode dropped the hint as empty or leaking), the hint side has mean
+    0, as the reference's regret when hint generation fails, rather than the return of
+    plays without a hint, whose noise a floored regret would reward."""
 
     env: DesignedEnv
     nohint: list[Episode]
@@ -191,8 +196,8 @@ class EnvPlays:
     def scored(cls, env: DesignedEnv, nohint: list[Episode], hinted: list[Episode] | None,
                failed_plays: FailedPlays = FailedPlays.DROP) -> EnvPlays:
         """The plays of `env` with the statistics of those that count."""
-        hint_returns = (None if hinted is None
-                        else [e.episode_return for e in failed_plays.kept(hinted)])
+        hint_returns = (None if hinted is None else
+                        [e.episode_return for e in failed_plays.kept(hinted) if e.hint])
         stats = regret.play_stats(env.env_id, env.skill,
                                   [e.episode_return for e in failed_plays.kept(nohint)],
                                   hint_returns,
@@ -217,13 +222,15 @@ class EnvPlays:
 def play_pool(rt, s: SpadeConfig, agent: Decoding, run_seed: int, cycle: int,
               envs: list[DesignedEnv], hinted_ids: set[str]) -> list[EnvPlays]:
     """`s.plays_per_env` plays without hint of every env and `s.hint_plays_per_env` with hint
-    of those in `hinted_ids`, all in one batch; hint play i shares no-hint play i's seed."""
+    of those in `hinted_ids` that have a hint (none for an empty one: `EnvPlays`), all in one
+    batch; hint play i shares no-hint play i's seed."""
     k, k_hint = s.plays_per_env, s.hint_plays_per_env
     spec_pairs = []
     for env in envs:
         seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(max(k, k_hint))]
-        hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint or None)
-                   for sd in seeds[:k_hint]] if env.env_id in hinted_ids else None)
+        hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint)
+                   for sd in seeds[:k_hint] if env.hint]
+                  if env.env_id in hinted_ids else None)
         spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds[:k]], hinted))
     results = iter(rt.play([spec for nohint, hinted in spec_pairs
                             for spec in nohint + (hinted or [])],
@@ -435,8 +442,10 @@ def play_metrics(plays: list[EnvPlays], groups, n_designer, n_agent) -> dict[str
         eps = [e for p in plays for e in p.episodes]
         out["agent/generated_tokens"] = float(sum(e.generated_tokens for e in eps))
         out["agent/turns_mean"] = float(np.mean([e.turns for e in eps]))
-        # a hint play shown no hint (none written, empty, or dropped for containing the
-        # solution) cannot earn regret
+        # a hint play shown no hint (empty, or dropped for containing the solution) does not
+        # count, and an environment whose hint call wrote nothing gets no hint plays (EnvPlays)
+        out["hints/none_written"] = float(sum(p.hinted is not None and not p.env.hint
+                                              for p in plays))
         hinted = [e for p in plays for e in p.hinted or []]
         if hinted:
             out["hints/shown_rate"] = float(np.mean([e.hint is not None for e in hinted]))

@@ -124,7 +124,7 @@ class ParametricDesigner:
             episode_return = SCRIPTED_RETURN[level][spec.hint is not None]
             none = np.zeros(2, bool)  # nothing generated: the scripted plays train nothing
             episodes.append(Episode(spec, np.zeros(2, np.int32), none, np.zeros(2, np.float32),
-                                    [episode_return], True, "ok", 1, 0))
+                                    [episode_return], True, "ok", 1, 0, hint=spec.hint))
         return episodes
 
 

@@ -66,3 +66,25 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
     assert hinted.stats.n_hint == 5
     assert plain.hinted is None and [e.spec.hint for e in plain.episodes] == [None] * 3
     assert plain.stats.r_hint is None and plain.stats.regret is None and plain.stats.n_hint == 0
+
+    # a hint call that wrote nothing: no hint plays, and the hint side's mean is 0 (the
+    # reference's regret when hint generation fails), not the return of hintless plays
+    envs[1].hint = ""
+    (silent,) = play_pool(SimpleNamespace(play=play), spade, agent, 0, 4, envs[1:], {"env1"})
+    assert silent.hinted == [] and len(silent.nohint) == 3
+    assert silent.stats.r_hint == 0.0 and silent.stats.n_hint == 0
+    assert play_metrics([silent, plain], None, 0, 6)["hints/none_written"] == 1.0
+
+
+def test_hint_plays_that_dropped_their_hint_do_not_count_for_regret():
+    """Only plays shown the hint make the hint side; none shown: mean 0, as a failed hint."""
+    def scored(rewards_and_hints):
+        hinted = [Episode(EpisodeSpec("e", "c", i, hint="h"), np.zeros(1, np.int32),
+                          np.zeros(1, bool), np.zeros(1, np.float32), [r], True, "ok", 1, 1,
+                          hint=shown, hint_status="ok" if shown else "leak")
+                  for i, (r, shown) in enumerate(rewards_and_hints)]
+        return plays_of([episode(), episode()], hinted).stats
+
+    assert scored([(1.0, "h"), (0.5, None)]).r_hint == 1.0
+    leaked = scored([(1.0, None), (1.0, None)])
+    assert leaked.r_hint == 0.0 and leaked.regret == 0.0 and leaked.n_hint == 0

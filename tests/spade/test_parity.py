@@ -87,7 +87,7 @@ def episode(reward: float | None, hint=None):
     return Episode(spec, np.zeros(2, np.int32), np.zeros(2, bool), np.zeros(2, np.float32),
                    rewards=[] if reward is None else [reward], terminated=reward is not None,
                    status="ok" if reward is not None else "crashed", turns=1,
-                   generated_tokens=1)
+                   generated_tokens=1, hint=hint)
 
 
 def test_failed_plays_are_dropped_before_normalising_or_scored_minus_one():
