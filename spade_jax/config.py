@@ -275,6 +275,7 @@ class SpadeConfig:
     no_memory: bool
     no_designer_training: bool
     self_validation: bool = False  # a default: config.json of earlier runs has no such key
+    global_batch_size: int = 192  # likewise
 
     def problems(self) -> list[str]:
         out = []
@@ -288,6 +289,8 @@ class SpadeConfig:
                        f"1..{len(self.skills)}")
         if self.designer_delay < 0:
             out.append(f"designer_delay={self.designer_delay} must be >= 0")
+        if self.global_batch_size < 0:
+            out.append(f"global_batch_size={self.global_batch_size} must be >= 0 (0: no limit)")
         for key in ("regen_interval", "games_per_cycle", "plays_per_env", "hint_plays_per_env",
                     "max_turns", "max_attempts"):
             if getattr(self, key) < 1:

@@ -129,6 +129,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.spade.plays_per_env = 8  # K no-hint plays
     c.spade.hint_plays_per_env = 16  # hint plays; play i < K shares no-hint play i's seed
     c.spade.hint_plays_when = HintSchedule.REGEN.value  # regen | every_cycle
+    # Samples of one train step, Designer samples first, the surplus Agent samples dropped
+    # (reference --global-batch-size: 24 games x 8 plays; a regen cycle's 24 Designer samples
+    # push out 24 Agent samples); 0: no limit.
+    c.spade.global_batch_size = 192
     c.spade.failed_plays = FailedPlays.DROP.value  # drop | score (-1)
     c.spade.max_turns = 25
     c.spade.max_attempts = 5

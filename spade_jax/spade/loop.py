@@ -313,7 +313,9 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     if len(raw):
         metrics["designer/reward_mean"] = float(np.mean(raw))
 
-    samples = order_for_training(designer_samples + agent_samples)
+    samples = order_for_training(designer_samples + agent_samples,
+                                 max_samples=s.global_batch_size or None)
+    metrics["samples/trimmed"] = len(designer_samples) + len(agent_samples) - len(samples)
     if samples:
         metrics.update(rt.train(samples))
     update_memory(state, plays)

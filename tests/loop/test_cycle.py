@@ -79,12 +79,15 @@ def test_valid_designs_are_played_rewarded_trained_and_remembered(
     cfg = load_config_file("tiny")
     cfg.total_cycles = 1
     cfg.spade.replay_per_cycle = 0
+    n_designer = cfg.spade.games_per_cycle
+    n_agent = cfg.spade.games_per_cycle * cfg.spade.plays_per_env
+    cfg.spade.global_batch_size = n_designer + n_agent - 1  # one Agent sample too many
     history = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
     row = history[0]
     assert row["designer/valid_rate"] == 1.0
     assert row["envs/played"] == cfg.spade.games_per_cycle
-    assert row["samples/designer"] == cfg.spade.games_per_cycle
-    assert row["samples/agent"] == cfg.spade.games_per_cycle * cfg.spade.plays_per_env
+    assert (row["samples/designer"], row["samples/agent"]) == (n_designer, n_agent)
+    assert row["samples/trimmed"] == 1 and row["train/samples"] == n_designer + n_agent - 1
     cycle_dir = tmp_path / "envs" / "cycle_00000"
     assert len(list(cycle_dir.glob("s*_a0_*.py"))) == cfg.spade.games_per_cycle
     played = [json.loads(p.read_text()) for p in cycle_dir.glob("played_*.json")]

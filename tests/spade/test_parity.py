@@ -32,6 +32,7 @@ REFERENCE_DEFAULTS = {
     "sampling.validator_top_k": 0, "sampling.validator_max_new_tokens": 16384,
     "spade.self_validation": False,  # use_env_validator (on in the tool-use recipes)
     "spade.plays_per_env": 8, "spade.hint_plays_per_env": 16, "spade.hint_plays_when": "regen",
+    "spade.global_batch_size": 192,
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
     "spade.role_scale_counts": "valid", "spade.regen_interval": 4, "spade.max_turns": 25,
