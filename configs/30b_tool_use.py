@@ -16,6 +16,7 @@ def get_config():
     c.spade.self_validation = True  # --spade-use-env-validator (the training model judges)
     c.spade.regen_interval = 8  # REGEN_INTERVAL default 8
     c.spade.designer_delay = 8  # PROPOSER_DELAY default 8
+    c.spade.compact_filter = True  # --spade-compact-filter
     c.sampling.hint_max_new_tokens = 2048  # HINT_MAX_TOKENS default 2048
     c.corpus.max_words = 4000  # --spade-corpus-max-doc-tokens 4000
     c.train.kl_coef = 0.005  # --kl-loss-coef 0.005

@@ -276,6 +276,7 @@ class SpadeConfig:
     no_designer_training: bool
     self_validation: bool = False  # a default: config.json of earlier runs has no such key
     global_batch_size: int = 192  # likewise
+    compact_filter: bool = False  # likewise
 
     def problems(self) -> list[str]:
         out = []

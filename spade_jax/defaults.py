@@ -133,6 +133,9 @@ def base_config() -> ml_collections.ConfigDict:
     # (reference --global-batch-size: 24 games x 8 plays; a regen cycle's 24 Designer samples
     # push out 24 Agent samples); 0: no limit.
     c.spade.global_batch_size = 192
+    # An Agent play that ends without terminating (turn limit, full context) trains no token
+    # (reference --spade-compact-filter: off in the games recipes, on in the tool-use ones).
+    c.spade.compact_filter = False
     c.spade.failed_plays = FailedPlays.DROP.value  # drop | score (-1)
     c.spade.max_turns = 25
     c.spade.max_attempts = 5

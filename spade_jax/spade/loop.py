@@ -118,9 +118,16 @@ def designer_sample(rt, attempt: DesignAttempt, advantage: float) -> TrainSample
     return TrainSample(tokens, mask, logp, float(advantage), Role.DESIGNER)
 
 
-def agent_sample(episode: Episode, advantage: float, weight: float = 1.0) -> TrainSample:
-    return TrainSample(episode.tokens, episode.loss_mask, episode.behaviour_logp,
-                       float(advantage),
+def agent_sample(episode: Episode, advantage: float, weight: float = 1.0,
+                 compact_filter: bool = False) -> TrainSample:
+    """The training sample of a no-hint play. With `compact_filter` (reference
+    --spade-compact-filter, on in its tool-use recipes) a play that ended without terminating
+    (turn limit, full context) trains no token: running out of turns is the environment's
+    budget, and training on its return 0 would teach the Agent to answer early."""
+    mask = episode.loss_mask
+    if compact_filter and not episode.terminated and not episode.failed:
+        mask = np.zeros_like(mask)
+    return TrainSample(episode.tokens, mask, episode.behaviour_logp, float(advantage),
                        Role.AGENT, weight)
 
 
@@ -296,8 +303,12 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     groups = group_zscore_advantages([p.nohint_returns for p in counted]) if counted else None
     agent_samples = []
     for played, adv in zip(counted, groups.advantages if groups else [], strict=True):
-        agent_samples += [agent_sample(e, a, replay_weight[played.env.env_id])
+        agent_samples += [agent_sample(e, a, replay_weight[played.env.env_id],
+                                       s.compact_filter)
                           for e, a in zip(played.trained, adv, strict=True)]
+    if s.compact_filter:
+        metrics["agent/compact_filtered"] = float(sum(
+            not e.terminated and not e.failed for p in counted for e in p.trained))
     n_agent = (len(agent_samples) if s.role_scale_counts == rewards.RoleScaleCounts.TRAINED
                else sum(len(p.trained) for p in plays if p.env.env_id in pool_ids))
 

@@ -32,7 +32,7 @@ REFERENCE_DEFAULTS = {
     "sampling.validator_top_k": 0, "sampling.validator_max_new_tokens": 16384,
     "spade.self_validation": False,  # use_env_validator (on in the tool-use recipes)
     "spade.plays_per_env": 8, "spade.hint_plays_per_env": 16, "spade.hint_plays_when": "regen",
-    "spade.global_batch_size": 192,
+    "spade.global_batch_size": 192, "spade.compact_filter": False,
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
     "spade.role_scale_counts": "valid", "spade.regen_interval": 4, "spade.max_turns": 25,
@@ -89,6 +89,21 @@ def episode(reward: float | None, hint=None):
                    rewards=[] if reward is None else [reward], terminated=reward is not None,
                    status="ok" if reward is not None else "crashed", turns=1,
                    generated_tokens=1, hint=hint)
+
+
+def test_the_compact_filter_trains_no_token_of_a_play_that_did_not_terminate():
+    """Reference --spade-compact-filter: TRUNCATED (and TIMEOUT: neither terminated nor
+    truncated) actor samples get a zero loss mask; FAILED ones are not its business."""
+    from spade_jax.spade.loop import agent_sample
+
+    finished, cut_off, crashed = episode(1.0), episode(0.0), episode(None)
+    cut_off.terminated = False
+    for e in (finished, cut_off, crashed):
+        e.loss_mask = np.array([False, True])
+    masks = [agent_sample(e, 0.5, compact_filter=True).loss_mask.tolist()
+             for e in (finished, cut_off, crashed)]
+    assert masks == [[False, True], [False, False], [False, True]]
+    assert agent_sample(cut_off, 0.5).loss_mask.tolist() == [False, True]  # filter off
 
 
 def test_failed_plays_are_dropped_before_normalising_or_scored_minus_one():
@@ -238,4 +253,6 @@ def test_recipe_configs_carry_the_references_deltas(name):
     assert (smp.max_context, s.max_turns, s.hint_plays_per_env, s.plays_per_env) == (
         32768, 25, 16, 8)
     assert set(s.skills) == set(s.game_type.skills) and len(s.skills) == 6
+    # --spade-compact-filter in the tool-use recipes only
+    assert s.compact_filter == (s.game_type.value == "tool_use")
 
