@@ -106,6 +106,26 @@ def active_skills(skills, skills_per_regen: int, regen_index: int) -> list[str]:
     return [skills[(start + i) % len(skills)] for i in range(skills_per_regen)]
 
 
+def fixed_pool_batch(pool_size: int, per_cycle: int, cycle: int, seed: int) -> list[int]:
+    """Indices of the fixed pool played at `cycle`: `per_cycle` of them, the whole pool used
+    before any is reused (reference `_select_static_games_without_replacement`: a shuffled
+    queue, refilled with a fresh shuffle that skips the batch's own picks). A pure function of
+    its arguments, so a resumed run plays what an uninterrupted one would; a pool no larger
+    than `per_cycle` is played whole, in its order."""
+    if pool_size <= per_cycle:
+        return list(range(pool_size))
+    rng = derive_rng(seed, "fixed_pool")
+    queue = rng.permutation(pool_size).tolist()
+    for _ in range(cycle + 1):
+        batch, queue = queue[:per_cycle], queue[per_cycle:]
+        if len(batch) < per_cycle:
+            picked = set(batch)
+            refill = [i for i in rng.permutation(pool_size).tolist() if i not in picked]
+            needed = per_cycle - len(batch)
+            batch, queue = batch + refill[:needed], refill[needed:]
+    return batch
+
+
 def designer_sample(rt, attempt: DesignAttempt, advantage: float) -> TrainSample:
     """Training sample of one Designer generation (prompt tokens are not trained)."""
     prompt_ids = rt.chat.prompt(attempt.messages)
@@ -278,7 +298,9 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
         for record, prob in state.memory.sample_for_replay(s.replay_per_cycle, rng, state.cycle):
             replayed.append((DesignedEnv(record.id, record.skill, record.code, record.doc_id,
                                          record.cycle, hint=record.hint or ""), prob))
-    pool = [e for e in state.pool if e.env_id not in state.blacklist]
+    pool = state.pool if run.mode.designs else [state.pool[i] for i in fixed_pool_batch(
+        len(state.pool), s.games_per_cycle, state.cycle, run.seed)]
+    pool = [e for e in pool if e.env_id not in state.blacklist]
     pool_ids = {e.env_id for e in pool}
     played_envs = pool + [e for e, _ in replayed]
     hinted_ids = s.hint_plays_when.hinted([e.env_id for e in played_envs], designed)

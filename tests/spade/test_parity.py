@@ -106,6 +106,25 @@ def test_the_compact_filter_trains_no_token_of_a_play_that_did_not_terminate():
     assert agent_sample(cut_off, 0.5).loss_mask.tolist() == [False, True]  # filter off
 
 
+@pytest.mark.parametrize("seed", [0, 3, 2**31 - 1])
+def test_the_fixed_pool_is_played_in_batches_without_replacement(seed):
+    """Reference --spade-static-game-pool --spade-no-replacement: 24 games per rollout, the
+    whole pool used before any game is reused, never twice in one batch."""
+    from spade_jax.spade.loop import fixed_pool_batch
+
+    size, per_cycle = 10, 4
+    batches = [fixed_pool_batch(size, per_cycle, c, seed) for c in range(30)]
+    assert all(len(b) == len(set(b)) == per_cycle for b in batches)
+    played = [i for b in batches for i in b]
+    assert set(played[:size]) == set(range(size))  # the first pass holds the whole pool
+    # later passes too, give or take the refill's skip of a batch's own picks
+    assert all(set(played[k:k + 2 * size]) == set(range(size)) for k in range(len(played)
+                                                                              - 2 * size))
+    assert batches == [fixed_pool_batch(size, per_cycle, c, seed) for c in range(30)]
+    assert batches != [fixed_pool_batch(size, per_cycle, c, seed ^ 1) for c in range(30)]
+    assert fixed_pool_batch(3, per_cycle, 7, seed) == [0, 1, 2]  # a small pool plays whole
+
+
 def test_failed_plays_are_dropped_before_normalising_or_scored_minus_one():
     env = DesignedEnv("e", "Optimization", "class EEnv: pass", None, 0)
     nohint = [episode(1.0), episode(0.0), episode(None), episode(1.0)]
