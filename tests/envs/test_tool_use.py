@@ -161,6 +161,18 @@ TOOL_USE_BROKEN = {
 }
 
 
+def test_a_criterion_that_throws_at_some_reset_seeds_only_passes_the_reset_gate(pool):
+    # the reference's gate rejects only a throw at every seed: one at seeds 0 and 42 only
+    # depends on the data
+    code = variant(
+        '        self._state = {"calls": 0}\n',
+        '        self._state = {"calls": 0, **({"open": True} if seed in (1, 2) else {})}\n'
+        '        self._user_messages = ["Sell pencils."]\n'
+        '        self._message_criteria = [lambda s: s["open"]]  # KeyError but at seeds 1, 2\n')
+    report = validate(code, pool=pool, tool_use=True)
+    assert "T1/T2" in report.timings and all(c != "T2" for c, _ in report.failures), report
+
+
 def test_tool_use_seed_passes_the_tool_use_gate(pool):
     report = validate(PENCIL, pool=pool, tool_use=True)
     assert report.ok, report.failures
