@@ -11,9 +11,10 @@ An environment is Python source with exactly one top-level class whose name ends
         def close(self) -> None
 
 Common stdlib names are pre-injected (see `sandbox/injected.py`), as are
-`np`/`numpy` when installed and `ToolUseEnv` (alias `ToolUseBaseEnv`). Game actions are the
-agent's text; games read the last `\\boxed{...}`; tool-use environments read
-`<tool_call>{json}</tool_call>` and `<answer>...</answer>`.
+`np`/`numpy` when installed and `ToolUseEnv` (alias `ToolUseBaseEnv`). A game's action is
+the agent's reply reduced to its boxed action, `\\boxed{x}` (`boxed_action`), or the reply
+when it boxes nothing; tool-use environments read `<tool_call>{json}</tool_call>` and
+`<answer>...</answer>` in the reply.
 """
 
 import math
@@ -29,6 +30,9 @@ MIN_LEAK_CHARS = 3  # shorter answers ("7", "up") occur by chance in any text
 
 _FENCE = re.compile(r"```[ \t]*(python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _TOOL_OR_ANSWER = re.compile(r"<tool_call>.*?</tool_call>|<answer>.*?</answer>", re.DOTALL)
+# a \boxed{x} without nested braces, or wrapped in two or three brace pairs
+_FLAT_BOXED = tuple(re.compile(p) for p in (
+    r"\\boxed\{([^{}]+)\}", r"\\boxed\{\{([^{}]+)\}\}", r"\\boxed\{\{\{([^{}]+)\}\}\}"))
 
 
 def extract_code(text: str) -> str | None:
@@ -61,6 +65,28 @@ def _boxed_contents(text: str) -> list[str]:
         contents.append(text[at + len("\\boxed{"): i - 1])
         start = i
     return contents
+
+
+def boxed_action(reply: str) -> str:
+    """The action a game's `step` receives for an Agent reply, as the reference's
+    `parse_action`: the first `\\boxed{x}` without nested braces (else the braces after the
+    last `\\boxed`, balanced, up to two wrapping pairs dropped) re-wrapped alone as
+    `\\boxed{x}`; the reply stripped when it boxes nothing."""
+    for pattern in _FLAT_BOXED:
+        if found := pattern.search(reply):
+            return f"\\boxed{{{found.group(1).strip()}}}"
+    at = reply.rfind("\\boxed")
+    start = reply.find("{", at) if at >= 0 else -1
+    depth, content = 0, ""
+    for i in range(start, len(reply) if start >= 0 else start):
+        depth += {"{": 1, "}": -1}.get(reply[i], 0)
+        if depth == 0:
+            content = reply[start + 1:i].strip()
+            for _ in range(2):
+                if content.startswith("{") and content.endswith("}"):
+                    content = content[1:-1].strip()
+            break
+    return f"\\boxed{{{content}}}" if content else reply.strip()
 
 
 def solution_actions(solution_text: str) -> list[str]:

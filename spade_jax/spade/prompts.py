@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from spade_jax.envs.contract import boxed_action
 from spade_jax.envs.skills import GAME_SKILLS, TOOL_USE_SKILLS
 from spade_jax.spade.memory import MemoryExamples, MemoryRecord
 
@@ -70,6 +71,12 @@ class GameType(enum.StrEnum):
     def agent_system_prompt(self) -> str:
         return TOOL_USE_AGENT_SYSTEM_PROMPT if self.is_tool_use else GAME_AGENT_SYSTEM_PROMPT
 
+    def agent_action(self, reply: str) -> str:
+        """What `step` receives of an Agent reply, as the reference's `parse_action`: in a
+        game its boxed action alone (`contract.boxed_action`), in tool use the reply
+        stripped (the environment parses its `<tool_call>` / `<answer>` blocks)."""
+        return reply.strip() if self.is_tool_use else boxed_action(reply)
+
     @property
     def hint_system_prompt(self) -> str:
         return TOOL_USE_HINT_SYSTEM_PROMPT if self.is_tool_use else GAME_HINT_SYSTEM_PROMPT
@@ -108,7 +115,7 @@ class DescriptiveNameEnv:          # exactly one top-level class; its name ends 
         return first_observation, {}   # rules, goal, starting state, available actions
 
     def step(self, action):
-        # action is the player's text; read the last \\boxed{...} in it
+        # action is "\\boxed{<the player's action>}", or the player's text if it boxed none
         ...
         return observation, reward, terminated, truncated, {}
 
@@ -289,8 +296,9 @@ than others.
 guide but must not reveal.
 - Avoid: guess-and-retry puzzles, counting a value up to a target, a single obvious action, \
 games solved in 1-3 turns, single-step questions dressed up as a game.
-- Actions arrive as the player's full text: read the last \\boxed{{...}}. If there is none, \
-reply with a format reminder and do not end the game. List the available actions in every \
+- Actions arrive as \\boxed{{<action>}} (the player's reply reduced to its boxed action) or, \
+when the reply boxes nothing, as its full text. If there is no \\boxed{{...}}, reply with a \
+format reminder and do not end the game. List the available actions in every \
 observation, together with the progress (e.g. "Turn 3/{max_turns}").
 - Rewards: win -> 1.0 and terminated=True; loss -> 0.0 and terminated=True; every other \
 step -> 0.0; out of turns -> 0.0 and truncated=True."""
@@ -441,8 +449,8 @@ def worked_example(
 GAME_AGENT_SYSTEM_PROMPT = (
     "You are playing an interactive text game over several turns. Read each observation "
     "carefully, think step by step, then choose one action. Put your action inside "
-    "\\boxed{...} at the end of your reply, exactly as the game lists it; only the last "
-    "\\boxed{} counts."
+    "\\boxed{...} at the end of your reply, exactly as the game lists it; the game receives "
+    "only the first \\boxed{}, so write it once."
 )
 
 TOOL_USE_AGENT_SYSTEM_PROMPT = (

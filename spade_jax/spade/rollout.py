@@ -13,7 +13,7 @@ import dataclasses
 import enum
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -191,8 +191,9 @@ class _EnvironmentTurns:
     (`engine.TurnReplies`), with each episode's turns, rewards and outcome so far."""
 
     def __init__(self, envs: EnvRunner, starts: list, chat: ChatFormat, *, max_turns: int,
-                 max_observation_tokens: int, step_wait_s: float, playing: list[int]):
-        self.envs, self.starts, self.chat = envs, starts, chat
+                 max_observation_tokens: int, step_wait_s: float, playing: list[int],
+                 to_action: Callable[[str], str]):
+        self.envs, self.starts, self.chat, self.to_action = envs, starts, chat, to_action
         self.max_turns, self.max_observation_tokens = max_turns, max_observation_tokens
         self.step_wait_s, self.playing = step_wait_s, playing
         self.request = {starts[i].handle: j for j, i in enumerate(playing)}  # handle -> request
@@ -212,8 +213,8 @@ class _EnvironmentTurns:
             i = self.playing[j]
             self.turns[i] += 1
             self.stopped[j] = out.stopped
-            pairs.append((self.starts[i].handle,
-                          self.chat.tokenizer.decode(out.tokens, skip_special_tokens=True)))
+            reply = self.chat.tokenizer.decode(out.tokens, skip_special_tokens=True)
+            pairs.append((self.starts[i].handle, self.to_action(reply)))
         self.envs.submit_steps(pairs)
         self.seconds += time.perf_counter() - started
 
@@ -256,6 +257,7 @@ def play_episodes(
     max_observation_tokens: int = OBSERVATION_BUDGET,
     step_wait_s: float = math.inf,
     timer=None,
+    to_action: Callable[[str], str] = str,
 ) -> list[Episode]:
     """Play every spec to the end (or `max_turns`) and return one Episode per spec.
 
@@ -273,7 +275,8 @@ def play_episodes(
     episode's index among those whose environment started, position), so `seed` may be any
     seed in [0, 2**31). `system_prompt=None` starts the conversation with the observation alone
     (benchmarks whose reference sends no system message); an episode start's own
-    `system_prompt` replaces it.
+    `system_prompt` replaces it. `to_action` makes the action `step` receives of a decoded
+    reply (default: the reply itself; SPADE's plays pass `GameType.agent_action`).
     """
     started = time.perf_counter()
     n = len(specs)
@@ -292,7 +295,8 @@ def play_episodes(
     playing = [i for i in range(n) if starts[i].ok]
     env_turns = _EnvironmentTurns(envs, starts, chat, max_turns=max_turns,
                                   max_observation_tokens=max_observation_tokens,
-                                  step_wait_s=step_wait_s, playing=playing)
+                                  step_wait_s=step_wait_s, playing=playing,
+                                  to_action=to_action)
     engine = Engine(sampler, slots=max(len(playing), 1), capacity=capacity)
     served = engine.run([Request(prompts[i], decoding.max_new_tokens) for i in playing],
                         replies=env_turns,

@@ -182,7 +182,8 @@ class Runtime:
             specs, sampler=self.sampler, envs=self.envs, chat=self.chat,
             system_prompt=s.game_type.agent_system_prompt, max_turns=s.max_turns,
             decoding=decoding, seed=seed, capacity=capacity,
-            step_wait_s=self.run.sandbox.step_wait_s, timer=self.timer)
+            step_wait_s=self.run.sandbox.step_wait_s, timer=self.timer,
+            to_action=s.game_type.agent_action)
         self._generated_tokens += sum(e.generated_tokens for e in episodes)
         return episodes
 

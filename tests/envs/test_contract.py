@@ -5,10 +5,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from spade_jax.envs import extract_code, hint_leaks, solution_actions
+from spade_jax.envs.contract import boxed_action
 from spade_jax.envs.lint import lint, parse_source
 from spade_jax.envs.sandbox.isolation import Layers, SandboxConfig, SandboxUnavailable, check_policy
 from spade_jax.envs.sandbox.seccomp_filter import build_program
+from spade_jax.spade.prompts import GameType
 
 
 def test_extract_code_takes_last_python_block_or_bare_code():
@@ -24,6 +28,29 @@ def test_solution_actions():
     blocks = '<tool_call>{"name": "f"}</tool_call> x <answer>42</answer>'
     assert solution_actions(blocks) == ['<tool_call>{"name": "f"}</tool_call>', "<answer>42</answer>"]  # noqa: E501
     assert solution_actions(" left ") == ["\\boxed{left}"]
+
+
+@pytest.mark.parametrize("reply, action", [
+    # the reference's parse_action: the first flat \boxed{} wins, stripped, re-wrapped alone
+    ("I think \\boxed{ 12 } then \\boxed{13}.", "\\boxed{12}"),
+    ("\\boxed{{7}} and \\boxed{{{8}}}", "\\boxed{7}"),
+    ("\\boxed{{{x}}}", "\\boxed{x}"),
+    # no flat one: the braces after the last \boxed, up to two wrapping pairs dropped
+    ("x \\boxed{a{b}c} y \\boxed {f{g}}", "\\boxed{f{g}}"),
+    ("\\boxed{{{{a}}}}", "\\boxed{{a}}"),
+    # nothing boxed (or an empty box, or unbalanced braces): the reply stripped
+    ("  move north \n", "move north"),
+    ("\\boxed{}", "\\boxed{}"),
+    ("\\boxed{a{b}", "\\boxed{a{b}"),
+])
+def test_boxed_action_is_the_references_parse_action(reply, action):
+    assert boxed_action(reply) == action
+
+
+def test_the_game_type_says_what_step_receives():
+    reply = ' <tool_call>{"name": "f", "arguments": {}}</tool_call> \\boxed{1} '
+    assert GameType.TOOL_USE.agent_action(reply) == reply.strip()
+    assert GameType.GAME.agent_action(reply) == "\\boxed{1}"
 
 
 def test_parse_source_never_runs_two_parses_at_once(monkeypatch):

@@ -47,7 +47,32 @@ class RecordingRunner(SandboxEnvRunner):
     def submit_steps(self, handles_and_actions):
         pairs = list(handles_and_actions)
         self.submitted.append(sorted(self.index[h] for h, _ in pairs))
+        self.actions = [a for _, a in pairs]
         super().submit_steps(pairs)
+
+
+def test_the_environment_steps_with_the_action_made_of_each_reply(smollm2):
+    """SPADE's game plays pass `GameType.GAME.agent_action`: the boxed action alone, as the
+    reference's parse_action; without it the environment gets the reply as decoded."""
+    from spade_jax.spade.prompts import GameType
+
+    class BoxingSampler(CountingSampler):
+        def start(self, prompts, *, capacity):
+            return ScriptedSession(self.tokenizer, lambda text, row, seed:
+                                   f"Maybe \\boxed{{ {seed} }}, or \\boxed{{9}}.",
+                                   prompts, capacity)
+
+    actions = {}
+    for name, to_action in (("game", GameType.GAME.agent_action), ("raw", str)):
+        with EnvPool(TEST_CONFIG, warm=1, max_turns=5) as pool:
+            runner = RecordingRunner(pool)
+            play_episodes(
+                [EpisodeSpec("count", case("slow_counter"), 0)], sampler=BoxingSampler(smollm2),
+                envs=runner, chat=ChatFormat(smollm2), system_prompt="SYS", max_turns=1,
+                decoding=Decoding(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16),
+                seed=0, capacity=1024, to_action=to_action)
+        actions[name] = runner.actions
+    assert actions == {"game": ["\\boxed{0}"], "raw": ["Maybe \\boxed{ 0 }, or \\boxed{9}."]}
 
 
 def play(tokenizer, step_wait_s):
