@@ -351,7 +351,7 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     metrics["samples/trimmed"] = len(designer_samples) + len(agent_samples) - len(samples)
     if samples:
         metrics.update(rt.train(samples))
-    update_memory(state, plays)
+    update_memory(state, plays, {e.env_id for e, _ in replayed})
     artifacts.write_cycle(state.cycle, attempts, plays)
     metrics.update(play_metrics(plays, groups, len(designer_samples), len(agent_samples)))
     state.cycle += 1
@@ -414,12 +414,16 @@ def designer_samples_for(
     return samples, result.raw
 
 
-def update_memory(state: HostState, plays: list[EnvPlays]) -> None:
-    """Store new environments with their play statistics; refresh replayed ones."""
+def update_memory(state: HostState, plays: list[EnvPlays], replayed_ids: set[str]) -> None:
+    """Store new environments with the statistics of their first cycle, as the reference
+    records a game once, at its regen step; refresh only the memory replays' (PLR scores a
+    revisited level anew), not a stored environment the pool plays again."""
     stored = {r.id: r for r in state.memory.records}
     for played in plays:
         env, st = played.env, played.stats
         if env.env_id in stored:
+            if env.env_id not in replayed_ids:
+                continue
             old = stored[env.env_id]  # a cycle without hint plays keeps the last regret
             state.memory.update_stats(
                 env.env_id, win_rate=st.win_rate, cycle=state.cycle, r_nohint=st.r_nohint,

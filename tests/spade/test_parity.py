@@ -125,6 +125,24 @@ def test_the_fixed_pool_is_played_in_batches_without_replacement(seed):
     assert fixed_pool_batch(3, per_cycle, 7, seed) == [0, 1, 2]  # a small pool plays whole
 
 
+def test_memory_keeps_an_environments_regen_cycle_statistics_unless_it_is_replayed():
+    """The reference adds a game to its memory once, at its regen step, with that step's win
+    rate; the pool's later plays do not change it. Our memory replays (PLR) refresh it."""
+    from spade_jax.spade.loop import HostState, update_memory
+    from spade_jax.spade.memory import EnvMemory
+
+    env = DesignedEnv("c00000_s0_Optimization", "Optimization", "class EEnv: pass", None, 0)
+    state = HostState(cycle=0, memory=EnvMemory(), pool=[env])
+    update_memory(state, [EnvPlays.scored(env, [episode(0.0), episode(1.0)], None)], set())
+    state.cycle = 1
+    update_memory(state, [EnvPlays.scored(env, [episode(1.0), episode(1.0)], None)], set())
+    (record,) = state.memory.records
+    assert (record.win_rate, record.last_played) == (0.5, 0)
+    update_memory(state, [EnvPlays.scored(env, [episode(1.0), episode(1.0)], None)], {env.env_id})
+    (record,) = state.memory.records
+    assert (record.win_rate, record.last_played) == (1.0, 1)
+
+
 def test_failed_plays_are_dropped_before_normalising_or_scored_minus_one():
     env = DesignedEnv("e", "Optimization", "class EEnv: pass", None, 0)
     nohint = [episode(1.0), episode(0.0), episode(None), episode(1.0)]
