@@ -114,6 +114,8 @@ class RewardVariant(enum.StrEnum):
         if learning_potentials is None or outcome.skill not in learning_potentials:
             raise ValueError(
                 f"variant 'learning_potential' needs a tracker for skill {outcome.skill!r}")
+        if outcome.n_plays == 0:  # no play counted: raw 0, as the reference
+            return 0.0
         return learning_potential_reward(outcome.win_rate, learning_potentials[outcome.skill])
 
     def trains_negative(self) -> bool:

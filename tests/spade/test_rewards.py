@@ -145,10 +145,12 @@ def test_learning_potential_tracker_golden():
 
 
 def test_learning_potential_variant_needs_tracker():
-    outcomes = [R.DesignerOutcome("A", win_rate=0.5), R.DesignerOutcome("A", win_rate=1.0)]
+    outcomes = [R.DesignerOutcome("A", win_rate=0.5, n_plays=4),
+                R.DesignerOutcome("A", win_rate=1.0, n_plays=2),
+                R.DesignerOutcome("A")]  # every play failed: raw 0 (reference), not |0 - 0.7|
     trackers = {"A": R.LearningPotentialState(mu_fast=0.8, mu_slow=0.7)}
     result = R.designer_rewards(outcomes, "learning_potential", 1.0, learning_potentials=trackers)
-    np.testing.assert_allclose(result.raw, [0.2, 0.3])
+    np.testing.assert_allclose(result.raw, [0.2, 0.3, 0.0])
     with pytest.raises(ValueError, match="tracker for skill 'A'"):
         R.designer_rewards(outcomes, "learning_potential", 1.0)
 
