@@ -183,7 +183,8 @@ def run_designer(
         validate_many=rt.validate_many, max_attempts=s.max_attempts,
         judge=judge if s.self_validation else None)
     admitted = [e for e in admitted if not state.memory.contains_hash_of(e.code)]
-    write_hints(rt, s, sampling, admitted, rng)
+    if s.reward_variant.needs_hints:
+        write_hints(rt, s, sampling, admitted, rng)
     return attempts, admitted
 
 
@@ -303,7 +304,8 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     pool = [e for e in pool if e.env_id not in state.blacklist]
     pool_ids = {e.env_id for e in pool}
     played_envs = pool + [e for e, _ in replayed]
-    hinted_ids = s.hint_plays_when.hinted([e.env_id for e in played_envs], designed)
+    hinted_ids = (s.hint_plays_when.hinted([e.env_id for e in played_envs], designed)
+                  if s.reward_variant.needs_hints else set())
     unhinted = [e for e, _ in replayed if e.env_id in hinted_ids and not e.hint]
     if unhinted:
         write_hints(rt, s, run.sampling, unhinted, rng)

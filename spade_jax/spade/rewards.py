@@ -118,6 +118,12 @@ class RewardVariant(enum.StrEnum):
             return 0.0
         return learning_potential_reward(outcome.win_rate, learning_potentials[outcome.skill])
 
+    @property
+    def needs_hints(self) -> bool:
+        """Whether the variant reads regret, so that hints are written and hint plays run
+        (the reference computes hints for ``regret`` and ``blend`` only)."""
+        return self in (RewardVariant.REGRET, RewardVariant.BLEND)
+
     def trains_negative(self) -> bool:
         """False for ``blend``: a played sample with a negative raw reward is not trained
         (reference mask against the difficulty-easing death spiral)."""

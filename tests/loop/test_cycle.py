@@ -88,6 +88,7 @@ def test_valid_designs_are_played_rewarded_trained_and_remembered(
     assert row["envs/played"] == cfg.spade.games_per_cycle
     assert (row["samples/designer"], row["samples/agent"]) == (n_designer, n_agent)
     assert row["samples/trimmed"] == 1 and row["train/samples"] == n_designer + n_agent - 1
+    assert "regret/mean" in row and row["hints/shown_rate"] > 0  # blend reads regret
     cycle_dir = tmp_path / "envs" / "cycle_00000"
     assert len(list(cycle_dir.glob("s*_a0_*.py"))) == cfg.spade.games_per_cycle
     played = [json.loads(p.read_text()) for p in cycle_dir.glob("played_*.json")]
@@ -102,6 +103,18 @@ def test_valid_designs_are_played_rewarded_trained_and_remembered(
     new = [r for r in records if r["id"].startswith("c00000_")]
     assert len(new) == cfg.spade.games_per_cycle
     assert all(r["win_rate"] is not None for r in new)
+
+
+def test_a_variant_without_regret_plays_no_hint(tmp_path, tiny_runtime, scripted_designer):
+    """As the reference, which computes hints for `regret` and `blend` only."""
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 1
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.reward_variant = "solve_rate"
+    row = run_training(cfg, str(tmp_path), runtime=tiny_runtime)[0]
+    assert row["envs/played"] == cfg.spade.games_per_cycle
+    assert row["samples/designer"] == cfg.spade.games_per_cycle
+    assert "regret/mean" not in row and "hints/shown_rate" not in row
 
 
 def test_delayed_designer_samples_wait_through_a_resume_and_train_when_due(

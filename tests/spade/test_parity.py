@@ -264,6 +264,8 @@ def test_hint_plays_only_for_the_environments_designed_at_a_regen_cycle():
     assert HintSchedule.REGEN.hinted(played, {"new1", "new2"}) == {"new1", "new2"}
     assert HintSchedule.REGEN.hinted(played, set()) == set()  # a replay-only cycle
     assert HintSchedule.EVERY_CYCLE.hinted(played, set()) == set(played)
+    # and only for the variants that read regret
+    assert [v for v in R.RewardVariant if v.needs_hints] == ["regret", "blend"]
 
 
 # ----------------------------------------------------------------------------- recipes
