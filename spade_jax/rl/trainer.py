@@ -113,8 +113,30 @@ class TrainState:
     step: jax.Array
 
 
+def decayed(params: nnx.State):
+    """AdamW's weight-decay mask: True for the weight matrices and embeddings, False for the
+    norms' scales. Megatron, which the reference trains with through Slime, skips 1-D
+    parameters (norms, biases) by default; ours stack the layers' norms on a leading axis, so
+    they are told by name."""
+    def is_decayed(path, _):
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return not str(names[-1]).endswith("norm")
+    return jax.tree_util.tree_map_with_path(is_decayed, params)
+
+
+def _masked_weight_decay(rate: float) -> optax.GradientTransformation:
+    """`optax.add_decayed_weights` on the `decayed` parameters. Its state stays the empty one
+    of the unmasked transform (`optax.masked` would wrap it), so checkpoints written before
+    the mask still restore."""
+    def update(updates, state, params):
+        grow = jax.tree.map(lambda u, p, m: u + rate * p if m else u, updates, params,
+                            decayed(params))
+        return grow, state
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW (weight decay on every parameter).
+    """Global-norm clipping then AdamW (weight decay on the `decayed` parameters).
 
     The first moment is float32 whatever the weights (`mu_dtype`); the second follows the
     weights, which `init_train_state` requires to be float32 masters: at lr 1e-6 a bf16 weight
@@ -122,8 +144,10 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """
     return optax.chain(
         optax.clip_by_global_norm(config.grad_clip),
-        optax.adamw(config.learning_rate, b1=config.b1, b2=config.b2,
-                    weight_decay=config.weight_decay, mu_dtype=jnp.float32),
+        optax.chain(  # optax.adamw, its decay masked by `decayed`
+            optax.scale_by_adam(b1=config.b1, b2=config.b2, mu_dtype=jnp.float32),
+            _masked_weight_decay(config.weight_decay),
+            optax.scale_by_learning_rate(config.learning_rate)),
     )
 
 

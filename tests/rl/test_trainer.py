@@ -285,3 +285,19 @@ def test_no_collective_carries_logits(mesh_shape):
     than the tied [V, D] embedding. It once was every chunk's [rows, chunk, V] partial logits,
     and the tiny config's train step on 8 CPU devices ran 6x slower."""
     assert max(collective_sizes(mesh_shape, 8)) <= WIDE.vocab_size * WIDE.d_model
+
+
+def test_weight_decay_skips_the_norms_as_megatron_does():
+    """Megatron (the reference's trainer through Slime) gives 1-D parameters (norm scales,
+    biases) no weight decay; our layers' norms are stacked, so they are told by name."""
+    params = nnx.state(Transformer(CFG, rngs=nnx.Rngs(0)))
+    optimizer = make_optimizer(TrainConfig(learning_rate=0.5, weight_decay=0.1))
+    zero = jax.tree.map(np.zeros_like, params)
+    updates, _ = optimizer.update(zero, optimizer.init(params), params)
+    moved = {jax.tree_util.keystr(path[:1]): bool(np.any(np.asarray(u) != 0))
+             for path, u in jax.tree_util.tree_leaves_with_path(updates)}
+    assert {k for k, m in moved.items() if not m} == {
+        "['attn_norm']", "['mlp_norm']", "['final_norm']"}, moved
+    # a matrix decays by lr * wd of itself
+    np.testing.assert_allclose(np.asarray(updates["wq"].value),
+                               -0.5 * 0.1 * np.asarray(params["wq"].value), rtol=1e-6)
