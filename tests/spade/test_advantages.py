@@ -14,6 +14,8 @@ def test_zscore_golden():
     std = math.sqrt(0.1875)
     expected = [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std]
     np.testing.assert_allclose(zscore_group([1, 0, 0, 0]), expected, rtol=1e-7)
+    # the reference's eps 1e-8 beside the std: a spread of 2e-8 has std 1e-8, so z = +-0.5
+    np.testing.assert_allclose(zscore_group([0.0, 2e-8]), [-0.5, 0.5], rtol=1e-6)
 
 
 def test_zero_variance_groups_are_exactly_zero():

@@ -36,6 +36,9 @@ REFERENCE_DEFAULTS = {
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
     "spade.role_scale_counts": "valid", "spade.regen_interval": 4, "spade.max_turns": 25,
+    # --rollout-batch-size 24, --spade-skills-per-regen 3, max_attempts 5, --num-rollout 400
+    "spade.games_per_cycle": 24, "spade.skills_per_regen": 3, "spade.max_attempts": 5,
+    "total_cycles": 400,
     "spade.blend.plateau_weight": 0.6, "spade.blend.regret_weight": 0.4,
     "spade.blend.regret_scale": 0.15, "spade.blend.regret_floor": True,
     "spade.blend.plateau_lo": 0.4, "spade.blend.plateau_hi": 0.6,
@@ -141,6 +144,19 @@ def test_memory_keeps_an_environments_regen_cycle_statistics_unless_it_is_replay
     update_memory(state, [EnvPlays.scored(env, [episode(1.0), episode(1.0)], None)], {env.env_id})
     (record,) = state.memory.records
     assert (record.win_rate, record.last_played) == (1.0, 1)
+
+
+def test_skills_rotate_round_robin_by_regen_epoch():
+    """Reference select_active_skills: a window of skills_per_regen skills per regen epoch,
+    advancing by that many each epoch (wrapping), the same across the epoch's replays."""
+    from spade_jax.spade.loop import active_skills
+
+    skills = list("ABCDEF")
+    assert [active_skills(skills, 3, r) for r in range(3)] == [
+        list("ABC"), list("DEF"), list("ABC")]
+    assert [active_skills(skills, 4, r) for r in range(3)] == [
+        list("ABCD"), list("EFAB"), list("CDEF")]
+    assert active_skills(skills, 6, 5) == skills
 
 
 def test_failed_plays_are_dropped_before_normalising_or_scored_minus_one():
