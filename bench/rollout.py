@@ -33,7 +33,10 @@ import argparse
 import os
 import time
 
-from sampler import cpu_model  # bench/sampler.py: this script's folder is on sys.path
+from sampler import (  # bench/sampler.py: this script's folder is on sys.path
+    compile_seconds,
+    cpu_model,
+)
 
 from spade_jax.eval.tasks import env_class_from_code  # the standard library only: no JAX yet
 
@@ -178,7 +181,6 @@ def main() -> None:
     args = parser.parse_args()
     slots = args.slots or args.conversations
 
-    import jax
 
     import spade_jax
     from spade_jax.sampling import Sampler
@@ -203,18 +205,16 @@ def main() -> None:
     if not args.skip_transformers:
         import torch
         import transformers
-        from sampler import gguf_path  # bench/sampler.py: this script's folder is on sys.path
+
+        from spade_jax.weights.gguf import smollm2_gguf_path
 
         torch.set_num_threads(2)
-        path = gguf_path()
+        path = smollm2_gguf_path()
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
         eos = chat.eos_id
         runs["transformers"] = lambda: run_transformers(hf, work, args.new_tokens, eos, eos)
-    compiling = []  # seconds of every XLA compilation (new shapes met during a run)
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, secs, **_: compiling.append(secs)
-        if event == "/jax/core/compile/backend_compile_duration" else None)
+    compiling = compile_seconds()
     for repeat in range(args.repeats):
         for name, run in runs.items():
             if repeat and name == "transformers":

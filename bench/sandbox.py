@@ -49,7 +49,8 @@ def main() -> None:
         result = cold_pool.start(CODE, seed=0)
         cold.append(time.perf_counter() - started)
         cold_pool.shutdown()
-        assert result.ok
+        if not result.ok:
+            raise SystemExit(f"error: the sandbox did not start the environment: {result}")
     time.sleep(2.0)  # let the warm pool finish booting
     warm = []
     for i in range(8):

@@ -27,7 +27,10 @@ import math
 import os
 import time
 
-from sampler import cpu_model  # bench/sampler.py: this script's folder is on sys.path
+from sampler import (  # bench/sampler.py: this script's folder is on sys.path
+    compile_seconds,
+    cpu_model,
+)
 
 from spade_jax.eval.tasks import env_class_from_code  # the standard library only: no JAX yet
 
@@ -57,7 +60,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
-    import jax
 
     import spade_jax
     from spade_jax.envs import EnvPool, SandboxConfig
@@ -105,10 +107,7 @@ def main() -> None:
             for i, s in enumerate(specs)]
     play(fast, math.inf)
     play(fast, args.step_wait_s)
-    compiling = []  # seconds of every XLA compilation (new shapes met during a run)
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, secs, **_: compiling.append(secs)
-        if event == "/jax/core/compile/backend_compile_duration" else None)
+    compiling = compile_seconds()
     ways = {"background": args.step_wait_s, "lockstep": math.inf}
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     played = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from sampler import fastest_matmul_path, gguf_path, timed  # bench/sampler.py
+from sampler import fastest_matmul_path, timed  # bench/sampler.py
 
 
 def matmul_bound(model, batch: int, seq: int, runs: int) -> tuple[float, str]:
@@ -84,7 +84,9 @@ def main() -> None:
         state["s"], metrics = step(state["s"], batch)
         jax.block_until_ready(metrics)
 
-    path = gguf_path()
+    from spade_jax.weights.gguf import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32).train()
     torch_opt = torch.optim.AdamW(hf.parameters(), lr=1e-5, betas=(0.9, 0.98), weight_decay=0.1)

@@ -27,13 +27,8 @@ def _as_returns(values: Sequence[float], what: str) -> np.ndarray:
     return array
 
 
-def regret(r_hint: Sequence[float], r_nohint: Sequence[float]) -> float:
-    """``mean(R_hint) - mean(R_nohint)`` (unfloored; the reward variants floor it)."""
-    return float(_as_returns(r_hint, "R_hint").mean() - _as_returns(r_nohint, "R_nohint").mean())
-
-
 def regret_standard_error(r_hint: Sequence[float], r_nohint: Sequence[float]) -> float:
-    """Standard error of `regret`.
+    """Standard error of the regret `mean(R_hint) - mean(R_nohint)`.
 
     Paired (same length, play i of both sets shares seed i): ``std(R_hint_i - R_i) / sqrt(K)``
     with the sample standard deviation (ddof=1). With unequal counts (the reference's 16 hint
@@ -51,11 +46,6 @@ def regret_standard_error(r_hint: Sequence[float], r_nohint: Sequence[float]) ->
     return float(
         math.sqrt(np.var(hint, ddof=1) / hint.size + np.var(nohint, ddof=1) / nohint.size)
     )
-
-
-def win_rate(returns: Sequence[float]) -> float:
-    """Fraction of plays with a positive return (reference memory ``actor_win_rate``)."""
-    return float(np.mean(_as_returns(returns, "returns") > 0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ from spade_jax.spade import rewards as R
 
 def test_regret_and_paired_standard_error():
     hint, nohint = [1, 1, 0, 1], [0, 1, 0, 0]
-    assert G.regret(hint, nohint) == pytest.approx(0.5)
+    assert G.play_stats("e", "Optimization", nohint, hint).regret == pytest.approx(0.5)
     # differences [1, 0, 0, 1]: sample std sqrt(1/3), SE = sqrt(1/3) / 2
     assert G.regret_standard_error(hint, nohint) == pytest.approx(math.sqrt(1 / 3) / 2)
 
@@ -24,7 +24,7 @@ def test_unpaired_standard_error_and_single_play():
 
 
 def test_win_rate_counts_positive_returns():
-    assert G.win_rate([1, 0, -1, 0.5]) == 0.5
+    assert G.play_stats("e", "Optimization", [1, 0, -1, 0.5], None).win_rate == 0.5
 
 
 def test_play_stats():
