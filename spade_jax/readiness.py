@@ -134,7 +134,7 @@ def expert_buffer_note(cfg, mesh_shape: dict, tokens: int) -> str:
     tp = mesh_shape.get("tensor", 1)
     split = cfg.moe_sharding.splits(cfg.n_experts, cfg.expert_ffn_dim, tp)
     by_column = split and cfg.moe_sharding is MoeSharding.FFN
-    ranks = tp if split and cfg.moe_sharding is MoeSharding.EXPERTS else 1
+    ranks = cfg.moe_sharding.expert_ranks(cfg.n_experts, cfg.expert_ffn_dim, tp)
     worst = min(cfg.n_experts_per_tok, cfg.n_experts // ranks) * ranks / cfg.n_experts_per_tok
     if cfg.moe_capacity_factor is not None:
         return (f"experts at capacity factor {cfg.moe_capacity_factor:g}: each rank's buffer "

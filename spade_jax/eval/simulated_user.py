@@ -41,12 +41,13 @@ def load_user_model(rt, source: str) -> UserModel:
     from spade_jax.sampling import Sampler
     from spade_jax.spade.runtime import load_model_and_tokenizer
 
-    run = dataclasses.replace(rt.run, model=dataclasses.replace(rt.run.model, source=source))
-    model, tokenizer = load_model_and_tokenizer(run, rt.mesh)
+    policy = rt.run.model
+    model, tokenizer = load_model_and_tokenizer(dataclasses.replace(policy, source=source),
+                                                rt.run.seed, rt.mesh)
     # it samples beside everything the policy's sampler runs beside, and that sampler's copy
     reserved = rt.resident.beside_sampler + rt.resident.sampler_copy
-    return UserModel(Sampler(model, mesh=rt.mesh, compute_dtype=run.model.compute_dtype,
-                             reserved_bytes=reserved, **run.sampling.sampler_options()),
+    return UserModel(Sampler(model, mesh=rt.mesh, compute_dtype=policy.compute_dtype,
+                             reserved_bytes=reserved, **rt.run.sampling.sampler_options()),
                      ChatFormat(tokenizer))
 
 

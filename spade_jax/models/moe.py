@@ -76,6 +76,12 @@ class MoeSharding(enum.StrEnum):
         split = n_experts if self is MoeSharding.EXPERTS else ffn_dim
         return n_ranks > 1 and split % n_ranks == 0
 
+    def expert_ranks(self, n_experts: int, ffn_dim: int, n_ranks: int) -> int:
+        """How many ranks the experts are divided among: all n_ranks under EXPERTS when they
+        split it, else 1 (FFN ranks each hold every expert)."""
+        split = self is MoeSharding.EXPERTS and self.splits(n_experts, ffn_dim, n_ranks)
+        return n_ranks if split else 1
+
     def rank_specs(self) -> tuple[PartitionSpec, PartitionSpec]:
         """`shard_map` specs of one layer's gate/up [E, D, F] and down [E, F, D] (gathered over
         fsdp on entry, ZeRO-3)."""
@@ -351,7 +357,7 @@ def moe_mlp(
     tp = mesh.shape[EXPERT_AXIS]
     tokens = _token_spec(flat.shape[0], mesh)
     by_experts = sharding is MoeSharding.EXPERTS
-    n_local = n_experts // tp if by_experts else n_experts
+    n_local = n_experts // sharding.expert_ranks(n_experts, gate.shape[-1], tp)
     # ranks that drop different copies: expert ranks split the copies; FFN ranks repeat them
     drop_axes = ((*BATCH_AXES,) if tokens[0] else ()) + ((EXPERT_AXIS,) if by_experts else ())
 

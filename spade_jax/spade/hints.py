@@ -112,10 +112,6 @@ class HintResult:
     hint: str | None
     reason: HintStatus = HintStatus.OK
 
-    @property
-    def accepted(self) -> bool:
-        return self.hint is not None
-
 
 def resolve_hint(mode: HintMode, text: str | None, solution: str | None) -> HintResult:
     """Clean and check a hint of ``mode`` against the environment's ``solution()``.

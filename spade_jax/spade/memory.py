@@ -287,9 +287,6 @@ class EnvMemory:
         hash_ = code_hash(code)
         return any(record.code_hash == hash_ for record in self._records)
 
-    def has_id(self, env_id: str) -> bool:
-        return any(record.id == env_id for record in self._records)
-
     def update_stats(
         self,
         env_id: str,

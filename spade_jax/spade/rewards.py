@@ -290,21 +290,9 @@ class LearningPotentialState:
             )
 
     @property
-    def scale(self) -> float:
-        """Normaliser ``1 / (2 (gamma_fast - gamma_slow))`` of the potential."""
-        return 1.0 / (2.0 * (self.gamma_fast - self.gamma_slow))
-
-    @property
     def baseline(self) -> float:
         """The slow EMA, the baseline of the ``learning_potential`` variant (0 before data)."""
         return 0.0 if self.mu_slow is None else self.mu_slow
-
-    @property
-    def potential(self) -> float:
-        """``|mu_fast - mu_slow| * scale`` (0 before data)."""
-        if self.mu_fast is None or self.mu_slow is None:
-            return 0.0
-        return abs(self.mu_fast - self.mu_slow) * self.scale
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -17,7 +17,7 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
-from spade_jax.config import RunConfig
+from spade_jax.config import PolicyConfig, RunConfig
 from spade_jax.distributed import assert_same_on_all_processes, map_over_processes, to_host
 from spade_jax.envs import EnvPool, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
@@ -46,19 +46,19 @@ from spade_jax.spade.rollout import (
 log = logging.getLogger(__name__)
 
 
-def load_model_and_tokenizer(run: RunConfig, mesh):
-    """The policy's model and tokenizer from `run.model` (a checkpoint, or random weights)."""
+def load_model_and_tokenizer(model: PolicyConfig, seed: int, mesh):
+    """The model and tokenizer `model` names (a checkpoint, or random weights from `seed`)."""
     from spade_jax.policy import load_policy, tokenizer_source
     from spade_jax.weights.tokenizer import load_tokenizer
 
-    dtype = jnp.dtype(run.model.param_dtype)
-    if run.model.source == "random":
-        model = Transformer(run.model.arch, rngs=nnx.Rngs(run.seed), param_dtype=dtype)
-        return model, load_tokenizer(tokenizer_source(run.model.tokenizer))
-    policy = load_policy(run.model.source, mesh=mesh, dtype=dtype)
-    policy.model.cfg = policy.config.replace(attention=run.model.attention,
-                                             moe_capacity_factor=run.model.moe_capacity_factor)
-    if policy.config != run.model.arch:
+    dtype = jnp.dtype(model.param_dtype)
+    if model.source == "random":
+        return (Transformer(model.arch, rngs=nnx.Rngs(seed), param_dtype=dtype),
+                load_tokenizer(tokenizer_source(model.tokenizer)))
+    policy = load_policy(model.source, mesh=mesh, dtype=dtype)
+    policy.model.cfg = policy.config.replace(attention=model.attention,
+                                             moe_capacity_factor=model.moe_capacity_factor)
+    if policy.config != model.arch:
         log.warning("the checkpoint's architecture differs from config.model.arch; "
                     "using the checkpoint's: %s", policy.config)
     return policy.model, policy.tokenizer
@@ -140,7 +140,7 @@ class Runtime:
         """The model of `run` loaded onto a mesh of `devices` (default: every device)."""
         devices = jax.devices() if devices is None else list(devices)
         mesh = make_mesh(run.mesh.shape(len(devices)), devices)
-        model, tokenizer = load_model_and_tokenizer(run, mesh)
+        model, tokenizer = load_model_and_tokenizer(run.model, run.seed, mesh)
         return cls(run, model, tokenizer, mesh)
 
     # ------------------------------------------------------------------ generation and play

@@ -72,7 +72,8 @@ def learning_runtime(learning_runtime_session, learning_world, learning_seed):
     if learning_seed not in initial:
         cfg = learning_world.copy_and_resolve_references()
         cfg.seed = learning_seed
-        model, _ = load_model_and_tokenizer(parse(cfg), rt.mesh)
+        run = parse(cfg)
+        model, _ = load_model_and_tokenizer(run.model, run.seed, rt.mesh)
         initial[learning_seed] = jax.device_get(nnx.state(model))
     nnx.update(rt.model, initial[learning_seed])
     rt.set_device_state(init_train_state(rt.model, rt.optimizer, rt.mesh))

@@ -241,12 +241,11 @@ def test_seed_environments_are_distinct_and_novel():
     assert report.n_novel == len(seeds), report.max_similarity
 
 
-def test_contains_has_id_and_update_stats():
+def test_contains_and_update_stats():
     memory = M.EnvMemory(mode="plr")
     memory.add(record("a", regret=0.1, win_rate=0.2, code=CODE_X))
     assert memory.contains_hash_of("# comment\n" + CODE_X)
     assert not memory.contains_hash_of(CODE_Y)
-    assert memory.has_id("a") and not memory.has_id("b")
     updated = memory.update_stats("a", cycle=8, win_rate=0.6, regret=0.4, r_hint=0.9,
                                   r_nohint=0.5)
     assert memory.records == [updated]

@@ -133,13 +133,12 @@ def test_solve_rate_variant():
 
 def test_learning_potential_tracker_golden():
     state = R.LearningPotentialState()  # gamma (0.98, 0.85)
-    assert state.baseline == 0.0 and state.potential == 0.0
+    assert state.baseline == 0.0
     state = R.update_learning_potential(state, 0.5)
     assert (state.mu_fast, state.mu_slow) == (0.5, 0.5)
     state = R.update_learning_potential(state, 1.0)
     assert state.mu_fast == pytest.approx(0.02 * 0.5 + 0.98 * 1.0)  # 0.99
     assert state.mu_slow == pytest.approx(0.15 * 0.5 + 0.85 * 1.0)  # 0.925
-    assert state.potential == pytest.approx(0.065 / 0.26)  # 0.25
     assert R.learning_potential_reward(0.5, state) == pytest.approx(0.425)
     assert R.LearningPotentialState.from_dict(state.to_dict()) == state
 

@@ -35,7 +35,9 @@ def _ready_info(config: SandboxConfig) -> dict | None:
                 return None
             replies, eof = worker.read_replies()
         return replies[0] if replies and replies[0].get("ready") else None
-    except Exception:  # noqa: BLE001 - any failure means "this layer set does not work"
+    except Exception as exc:  # noqa: BLE001 - any failure means "this layer set does not work"
+        log.warning("a sandbox worker (bwrap=%s, seccomp=%s) failed to start: %r",
+                    config.use_bwrap, config.use_seccomp, exc)
         return None
     finally:
         worker.kill()
