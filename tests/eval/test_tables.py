@@ -163,7 +163,11 @@ def test_settings_are_the_reference_values_and_overridable():
     assert settings["aime"].decoding == Decoding(
         temperature=1.0, top_p=0.95, top_k=20, max_new_tokens=32768)
     assert (settings["aime"].samples, settings["gpqa_diamond"].samples) == (64, 8)
-    assert settings["gpqa_diamond"].decoding.temperature == 0.7
+    assert settings["gpqa_diamond"].decoding == Decoding(  # games.yaml: no top_k
+        temperature=0.7, top_p=0.95, top_k=0, max_new_tokens=32768)
+    assert (settings["livecodebench"].samples, settings["livecodebench"].decoding) == (
+        1, Decoding(temperature=0.2, top_p=0.95, top_k=0, max_new_tokens=16384))
+    assert tables.AIME_YEARS == (2025, 2026)
     assert (settings["rg_hard"].samples, settings["rg_hard"].max_turns,
             settings["rg_hard"].decoding.temperature) == (8, 2, 0.6)
     changed = tables.table_settings("rq1", "aime.samples=4, rg_hard.temperature=0.3")
