@@ -31,13 +31,6 @@ class GameType(enum.StrEnum):
     GAME = "game"
     TOOL_USE = "tool_use"
 
-    @classmethod
-    def parse(cls, value: str) -> GameType:
-        """The member named by ``value``, or a ValueError naming it and the choices."""
-        if value not in tuple(cls):
-            raise ValueError(f"game_type {value!r} is not one of {tuple(cls)}")
-        return cls(value)
-
     @property
     def is_tool_use(self) -> bool:
         return self is GameType.TOOL_USE
@@ -375,7 +368,7 @@ def memory_block(
 def designer_messages(
     skill: str,
     *,
-    game_type: GameType | str = GameType.GAME,
+    game_type: GameType = GameType.GAME,
     skill_description: str | None = None,
     difficulty: str = "medium",
     max_turns: int = 25,
@@ -389,7 +382,6 @@ def designer_messages(
     means no memory block. ``skill_description`` defaults to `SKILLS` / `TOOL_USE_SKILLS`;
     ``example_code`` to the built-in example of the game type.
     """
-    game_type = GameType.parse(game_type)
     if difficulty not in DIFFICULTY_MIN_STEPS:
         raise ValueError(f"difficulty {difficulty!r} is not one of {tuple(DIFFICULTY_MIN_STEPS)}")
     known = game_type.skills
@@ -429,7 +421,7 @@ def designer_messages(
 
 
 def worked_example(
-    seed_envs: Iterable[Any], game_type: GameType | str = GameType.GAME,
+    seed_envs: Iterable[Any], game_type: GameType = GameType.GAME,
     exclude_skill: str | None = None,
 ) -> str | None:
     """Code of the shortest seed environment of ``game_type`` (None if there is none).
@@ -438,7 +430,7 @@ def worked_example(
     (``spade_jax.envs.seeds.SeedEnv``). Seeds of ``exclude_skill`` are avoided when another
     one exists, so that the example does not prime the target skill. Deterministic.
     """
-    tool_use = GameType.parse(game_type).is_tool_use
+    tool_use = game_type.is_tool_use
     candidates = [e for e in seed_envs if bool(getattr(e, "is_tool_use", False)) == tool_use]
     preferred = [e for e in candidates if e.skill != exclude_skill] or candidates
     if not preferred:
@@ -459,15 +451,6 @@ TOOL_USE_AGENT_SYSTEM_PROMPT = (
     "next observation. Discover values with the tools instead of guessing them. When the task "
     "asks for an answer, reply with <answer>...</answer> once you are sure."
 )
-
-
-def agent_messages(first_observation: str, game_type: GameType | str = GameType.GAME
-                   ) -> list[dict[str, str]]:
-    """The Agent's first-turn messages (the observation already carries any hint)."""
-    return [
-        {"role": "system", "content": GameType.parse(game_type).agent_system_prompt},
-        {"role": "user", "content": first_observation},
-    ]
 
 
 GAME_HINT_SYSTEM_PROMPT = """\
@@ -498,9 +481,9 @@ use placeholders such as <order_id>;
 Reply with the hint text only: no preamble, no labels, no markdown."""
 
 
-def hint_messages(code: str, game_type: GameType | str = GameType.GAME) -> list[dict[str, str]]:
+def hint_messages(code: str, game_type: GameType = GameType.GAME) -> list[dict[str, str]]:
     """Messages for hint mode ``self``: the policy reads ``code`` and writes a hint."""
-    system = GameType.parse(game_type).hint_system_prompt
+    system = game_type.hint_system_prompt
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": f"Environment code:\n```python\n{code}\n```"},

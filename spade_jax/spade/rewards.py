@@ -82,14 +82,6 @@ class RewardVariant(enum.StrEnum):
     SOLVE_RATE = "solve_rate"
     LEARNING_POTENTIAL = "learning_potential"
 
-    @classmethod
-    def parse(cls, value: str) -> RewardVariant:
-        """The member named by ``value``, or a ValueError naming it and the choices."""
-        if value not in tuple(cls):
-            raise ValueError(f"unknown designer reward variant {value!r}; choose one of "
-                             f"{tuple(cls)}")
-        return cls(value)
-
     def penalty(self, status: DesignerStatus) -> float | None:
         """The fixed raw reward of a failed sample, or None when the variant scores it from
         its plays. An invalid design always gets its penalty; a step timeout only under
@@ -361,14 +353,13 @@ class DesignerRewards:
 
 def raw_designer_reward(
     outcome: DesignerOutcome,
-    variant: RewardVariant | str,
+    variant: RewardVariant,
     *,
     learning_potentials: Mapping[str, LearningPotentialState] | None = None,
     blend: BlendParams = BlendParams(),
 ) -> float:
     """Raw reward of one Designer sample: the variant's penalty for a failure, else the
     variant's value (``blend`` and ``solve_rate`` with the constants of ``blend``)."""
-    variant = RewardVariant.parse(variant)
     penalty = variant.penalty(outcome.status)
     if penalty is not None:
         return penalty
@@ -411,7 +402,7 @@ def center_per_skill(
 
 def designer_rewards(
     outcomes: Sequence[DesignerOutcome],
-    variant: RewardVariant | str,
+    variant: RewardVariant,
     scale: float,
     *,
     penalize_invalid: bool = True,
@@ -427,7 +418,6 @@ def designer_rewards(
     back up would get a positive advantage). Penalties (`RewardVariant.penalty`) are kept and
     centred with their skill.
     """
-    variant = RewardVariant.parse(variant)
     raw = np.array(
         [
             raw_designer_reward(o, variant, learning_potentials=learning_potentials, blend=blend)

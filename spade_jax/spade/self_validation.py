@@ -96,11 +96,11 @@ _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 ACCEPT_WORDS = ("yes", "y", "true")
 
 
-def self_validation_messages(code: str, game_type: GameType | str = GameType.GAME
+def self_validation_messages(code: str, game_type: GameType = GameType.GAME
                              ) -> list[dict[str, str]]:
     """Messages asking the policy whether the environment ``code`` is playable and winnable
     (games) or completable (tool use)."""
-    system, prompt = PROMPTS[GameType.parse(game_type)]
+    system, prompt = PROMPTS[game_type]
     return [{"role": "system", "content": system},
             {"role": "user", "content": prompt.format(code=code)}]
 

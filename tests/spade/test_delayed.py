@@ -30,7 +30,7 @@ def test_window_holds_the_regen_cycle_and_the_delay_cycles_after_it():
     window_mean = due_outcome(design, matched_timing=False)
     assert window_mean.regret == pytest.approx(0.75 - 4 / 6)
     # blend of the windowed outcome: 0.6 * plateau(0.667) + 0.4 * clip(0.25 / 0.15, 0, 1)
-    assert rewards.raw_designer_reward(outcome, "blend") == pytest.approx(
+    assert rewards.raw_designer_reward(outcome, rewards.RewardVariant.BLEND) == pytest.approx(
         0.6 * (1 - (4 / 6 - 0.6) / 0.25) + 0.4 * 1.0)
 
 

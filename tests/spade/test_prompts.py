@@ -80,18 +80,19 @@ def test_worked_example_from_seeds():
     seeds = list_seed_envs()
     if not seeds:
         pytest.skip("no seed environments yet")
-    game = P.worked_example(seeds, "game", exclude_skill="Optimization")
+    game = P.worked_example(seeds, P.GameType.GAME, exclude_skill="Optimization")
     chosen = next(e for e in seeds if e.code == game)
     assert not chosen.is_tool_use and chosen.skill != "Optimization"
-    assert game == P.worked_example(list(reversed(seeds)), "game", exclude_skill="Optimization")
+    assert game == P.worked_example(list(reversed(seeds)), P.GameType.GAME,
+                                    exclude_skill="Optimization")
     if any(e.is_tool_use for e in seeds):
-        tool = P.worked_example(seeds, "tool_use")
+        tool = P.worked_example(seeds, P.GameType.TOOL_USE)
         assert next(e for e in seeds if e.code == tool).is_tool_use
-    assert P.worked_example([], "game") is None
+    assert P.worked_example([], P.GameType.GAME) is None
 
 
 def test_tool_use_variant():
-    messages = P.designer_messages("Data_Retrieval", game_type="tool_use")
+    messages = P.designer_messages("Data_Retrieval", game_type=P.GameType.TOOL_USE)
     assert "tool-calling environments" in messages[0]["content"]
     user = _user(messages)
     assert "ToolUseEnv" in user and "tool_lookup" in user and "class LibraryLoanEnv" in user
@@ -102,8 +103,6 @@ def test_designer_prompt_errors():
         P.designer_messages("Juggling")
     assert "juggling balls" in _user(P.designer_messages("Juggling",
                                                          skill_description="juggling balls"))
-    with pytest.raises(ValueError, match="game_type"):
-        P.designer_messages("Optimization", game_type="board")
     with pytest.raises(ValueError, match="difficulty"):
         P.designer_messages("Optimization", difficulty="extreme")
 
@@ -135,17 +134,14 @@ def test_default_tool_use_example_is_solvable(seed):
 def test_agent_prompts():
     assert "\\boxed{...}" in P.GameType.GAME.agent_system_prompt
     assert "<tool_call>" in P.GameType.TOOL_USE.agent_system_prompt
-    messages = P.agent_messages("You stand in a maze.", "game")
-    assert messages == [{"role": "system", "content": P.GAME_AGENT_SYSTEM_PROMPT},
-                        {"role": "user", "content": "You stand in a maze."}]
 
 
 def test_hint_prompt():
-    messages = P.hint_messages("class XEnv: pass", "game")
+    messages = P.hint_messages("class XEnv: pass", P.GameType.GAME)
     assert "1 to 3 sentences" in messages[0]["content"]
     assert "do NOT give the answer" in messages[0]["content"]
     assert messages[1]["content"] == "Environment code:\n```python\nclass XEnv: pass\n```"
-    assert "placeholders" in P.hint_messages("x", "tool_use")[0]["content"]
+    assert "placeholders" in P.hint_messages("x", P.GameType.TOOL_USE)[0]["content"]
 
 
 # ----- self-validation ------------------------------------------------------------------------
@@ -166,7 +162,7 @@ def test_the_verdict_is_the_last_boxed_answer_and_none_keeps_the_design(text, ve
 def test_self_validation_messages_carry_the_code_and_the_game_types_question(game_type, asks):
     assert set(V.PROMPTS) == set(P.GameType)
     code = 'class XEnv:\n    d = {"k": "{braces}"}\n'
-    system, user = V.self_validation_messages(code, game_type)
+    system, user = V.self_validation_messages(code, P.GameType(game_type))
     assert system["role"] == "system" and user["role"] == "user"
     assert f"```python\n{code}\n```" in user["content"] and asks in user["content"]
     assert user["content"].rstrip().endswith("\\boxed{no} when it cannot." if game_type ==
