@@ -3,9 +3,39 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.moe import MoeSharding
+
+
+class Family(enum.StrEnum):
+    """The checkpoint family a model follows (its HF `model_type`): how its checkpoints are
+    laid out when imported and exported."""
+
+    LLAMA = "llama"
+    QWEN3 = "qwen3"
+    QWEN3_MOE = "qwen3_moe"
+
+    @property
+    def hf_architecture(self) -> str:
+        """The `architectures` entry of its HF config.json."""
+        return {Family.LLAMA: "LlamaForCausalLM", Family.QWEN3: "Qwen3ForCausalLM",
+                Family.QWEN3_MOE: "Qwen3MoeForCausalLM"}[self]
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k get an RMSNorm over head_dim before RoPE (Qwen3)."""
+        return self is not Family.LLAMA
+
+    @property
+    def is_moe(self) -> bool:
+        return self is Family.QWEN3_MOE
+
+    @property
+    def gguf_permutes_qk(self) -> bool:
+        """Whether llama.cpp stores its q/k rows permuted for interleaved RoPE (LLaMA)."""
+        return self is Family.LLAMA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +62,7 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     norm_topk_prob: bool = True
     max_position: int = 32768
-    family: str = "llama"  # llama | qwen3 | qwen3_moe: decides the HF layout on export
+    family: Family = Family.LLAMA  # decides the HF layout on import and export
     # Not architecture: which kernel runs causal attention (config key `model.attention`).
     attention: AttentionKernel = AttentionKernel.AUTO
     # Not architecture: each expert-parallel rank's MoE buffer as a multiple of its balanced
@@ -43,7 +73,8 @@ class ModelConfig:
     moe_sharding: MoeSharding = MoeSharding.EXPERTS
 
     def __post_init__(self):
-        for name, kind in (("attention", AttentionKernel), ("moe_sharding", MoeSharding)):
+        for name, kind in (("attention", AttentionKernel), ("moe_sharding", MoeSharding),
+                           ("family", Family)):
             value = getattr(self, name)
             if value not in tuple(kind):
                 raise ValueError(f"{name}={value!r}: use one of {tuple(k.value for k in kind)}")
@@ -70,8 +101,6 @@ class ModelConfig:
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor > 0:
             problems.append(f"moe_capacity_factor={self.moe_capacity_factor!r} must be > 0 "
                             "(or None for dropless experts)")
-        if self.family not in ("llama", "qwen3", "qwen3_moe"):
-            problems.append(f"family={self.family!r}: use one of llama, qwen3, qwen3_moe")
         if problems:
             raise ValueError("invalid model config: " + "; ".join(problems))
 

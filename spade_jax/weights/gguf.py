@@ -20,13 +20,13 @@ import numpy as np
 from jax.sharding import Mesh
 
 from spade_jax.errors import CheckpointError, MissingFileError
-from spade_jax.models.config import ModelConfig
+from spade_jax.models.config import Family, ModelConfig
 from spade_jax.models.transformer import Transformer
 from spade_jax.weights.gguf_file import GGUFFile, GGUFFormatError
 from spade_jax.weights.loading import ArraySource, load_model
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_FAMILIES = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+_FAMILIES = {"llama": Family.LLAMA, "qwen3": Family.QWEN3, "qwen3moe": Family.QWEN3_MOE}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -120,7 +120,7 @@ def gguf_model_config(reader: GGUFFile, where: str = "GGUF") -> ModelConfig:
         rope_theta=_float32_value(get("rope.freq_base", 10000.0)),
         rms_eps=_float32_value(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in tensor_names,
-        qk_norm=arch in ("qwen3", "qwen3moe"),
+        qk_norm=_FAMILIES[arch].qk_norm,
         n_experts=int(get("expert_count")) if moe else 0,
         n_experts_per_tok=int(get("expert_used_count")) if moe else 0,
         expert_ffn_dim=int(get("expert_feed_forward_length")) if moe else 0,
@@ -174,7 +174,7 @@ def gguf_hf_tensors(
             continue
         if kind not in _LAYER_NAMES:
             raise CheckpointError(f"{where}: tensor {tensor.name} has no counterpart in our model")
-        if cfg.family == "llama" and kind in ("attn_q", "attn_k"):
+        if cfg.family.gguf_permutes_qk and kind in ("attn_q", "attn_k"):
             value = unpermute_rows(value, cfg.n_heads if kind == "attn_q" else cfg.n_kv_heads)
         arrays[f"{prefix}{_LAYER_NAMES[kind]}.weight"] = value
     return arrays

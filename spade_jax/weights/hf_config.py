@@ -12,14 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from spade_jax.errors import CheckpointError, MissingFileError
-from spade_jax.models.config import ModelConfig
+from spade_jax.models.config import Family, ModelConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe")
-_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
+SUPPORTED_MODEL_TYPES = tuple(Family)
 
 
 def read_config_json(directory: Path) -> dict[str, Any]:
@@ -79,7 +74,8 @@ def model_config_from_hf(hf: dict[str, Any], where: str = "config.json") -> Mode
     try:
         n_heads = int(hf["num_attention_heads"])
         d_model = int(hf["hidden_size"])
-        moe = model_type == "qwen3_moe"
+        family = Family(model_type)
+        moe = family.is_moe
         cfg = ModelConfig(
             vocab_size=int(hf["vocab_size"]),
             d_model=d_model,
@@ -91,13 +87,13 @@ def model_config_from_hf(hf: dict[str, Any], where: str = "config.json") -> Mode
             rope_theta=_rope_theta(hf, where),
             rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            qk_norm=family.qk_norm,
             n_experts=int(hf.get("num_experts") or hf.get("num_local_experts") or 0) if moe else 0,
             n_experts_per_tok=int(hf.get("num_experts_per_tok", 0)) if moe else 0,
             expert_ffn_dim=int(hf.get("moe_intermediate_size", 0)) if moe else 0,
             norm_topk_prob=bool(hf.get("norm_topk_prob", False)) if moe else True,
             max_position=int(hf.get("max_position_embeddings", 32768)),
-            family=model_type,
+            family=family,
         )
     except KeyError as err:
         raise CheckpointError(f"{where}: required field {err.args[0]!r} is missing") from err
@@ -110,14 +106,14 @@ def model_config_from_hf(hf: dict[str, Any], where: str = "config.json") -> Mode
 
 def hf_config_dict(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
     """The HF `config.json` contents for `cfg` (inverse of `model_config_from_hf`)."""
-    if cfg.is_moe != (cfg.family == "qwen3_moe"):
+    if cfg.is_moe != cfg.family.is_moe:
         raise CheckpointError(
             f"family {cfg.family!r} with n_experts={cfg.n_experts}: experts need "
             "family='qwen3_moe' and family='qwen3_moe' needs experts"
         )
     hf: dict[str, Any] = {
-        "architectures": [_ARCHITECTURES[cfg.family]],
-        "model_type": cfg.family,
+        "architectures": [cfg.family.hf_architecture],
+        "model_type": cfg.family.value,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layers,
@@ -134,9 +130,9 @@ def hf_config_dict(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[st
         "attention_bias": False,
         "dtype": torch_dtype,
     }
-    if cfg.family == "llama":
+    if cfg.family is Family.LLAMA:
         hf["mlp_bias"] = False
-    if cfg.family == "qwen3_moe":
+    if cfg.family.is_moe:
         hf.update(
             num_experts=cfg.n_experts,
             num_experts_per_tok=cfg.n_experts_per_tok,

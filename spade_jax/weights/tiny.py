@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-TINY_FAMILIES = ("llama", "qwen3", "qwen3_moe")
+from spade_jax.models.config import Family
+
+TINY_FAMILIES = tuple(Family)
 
 
-def _hf_config(family: str):
+def _hf_config(family: Family):
     import transformers
 
     common = dict(
@@ -26,15 +28,15 @@ def _hf_config(family: str):
         rms_norm_eps=1e-5,
         max_position_embeddings=256,
     )
-    if family == "llama":
+    if family is Family.LLAMA:
         return transformers.LlamaConfig(
             **common, head_dim=8, tie_word_embeddings=True, rope_theta=10000.0
         )
-    if family == "qwen3":
+    if family is Family.QWEN3:
         return transformers.Qwen3Config(
             **common, head_dim=16, tie_word_embeddings=False, rope_theta=1e6
         )
-    if family == "qwen3_moe":
+    if family is Family.QWEN3_MOE:
         return transformers.Qwen3MoeConfig(
             **common,
             head_dim=8,
@@ -47,10 +49,10 @@ def _hf_config(family: str):
             mlp_only_layers=[],
             rope_theta=1e6,
         )
-    raise ValueError(f"family {family!r}: use one of {TINY_FAMILIES}")
+    raise ValueError(f"family {family!r}: use one of {[f.value for f in TINY_FAMILIES]}")
 
 
-def write_tiny_checkpoint(family: str, directory: str | Path, *, seed: int = 0) -> Path:
+def write_tiny_checkpoint(family: Family, directory: str | Path, *, seed: int = 0) -> Path:
     """Save a random tiny `family` model with `save_pretrained` into `directory`; return it."""
     import torch
     import transformers

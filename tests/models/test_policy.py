@@ -6,6 +6,7 @@ import sentencepiece
 
 import spade_jax
 from spade_jax.errors import ConfigError, MissingFileError
+from spade_jax.models.config import Family
 from spade_jax.models.transformer import forward_logits
 from spade_jax.weights import load_hf_model, load_tokenizer, save_hf
 
@@ -22,7 +23,7 @@ def policy_dir(tmp_path_factory):
         input=str(root / "corpus.txt"), model_prefix=str(root / "tokenizer"), vocab_size=40,
         model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
     )
-    model = load_hf_model(write_tiny_checkpoint("qwen3", root / "src"))
+    model = load_hf_model(write_tiny_checkpoint(Family.QWEN3, root / "src"))
     return save_hf(model, root / "policy", tokenizer=load_tokenizer(root / "tokenizer.model"))
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 
+from spade_jax.models.config import Family
 from spade_jax.policy import Policy
 from spade_jax.sharding import fit_spec, make_mesh
 from spade_jax.weights import load_hf_model
@@ -14,7 +15,7 @@ pytest.importorskip("torch")
 MESHES = [(1, 8, 1), (2, 2, 2), (1, 2, 4)]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3_moe"])
+@pytest.fixture(scope="module", params=[Family.LLAMA, Family.QWEN3_MOE])
 def checkpoint(request, tmp_path_factory):
     return write_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
 

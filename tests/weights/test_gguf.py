@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from spade_jax.errors import CheckpointError, MissingFileError
+from spade_jax.models.config import Family
 from spade_jax.weights import gguf as gguf_io
 from spade_jax.weights import load_gguf, load_hf_config, load_hf_model
 from spade_jax.weights.safetensors_io import SafetensorsSource
@@ -69,7 +70,7 @@ def _write_llama_gguf(hf_dir, path, broken_tensor=None):
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    return write_tiny_checkpoint("llama", tmp_path_factory.mktemp("llama"))
+    return write_tiny_checkpoint(Family.LLAMA, tmp_path_factory.mktemp("llama"))
 
 
 def test_gguf_weights_equal_the_hf_checkpoint(llama_dir, tmp_path):

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from spade_jax.errors import CheckpointError, MissingFileError, SpadeError  # noqa: E402
+from spade_jax.models.config import Family  # noqa: E402
 from spade_jax.models.transformer import forward_logits  # noqa: E402
 from spade_jax.weights import load_hf_model, save_hf  # noqa: E402
 from spade_jax.weights.tiny import TINY_FAMILIES, write_tiny_checkpoint  # noqa: E402
@@ -17,7 +18,7 @@ from spade_jax.weights.tiny import TINY_FAMILIES, write_tiny_checkpoint  # noqa:
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    return write_tiny_checkpoint("llama", tmp_path_factory.mktemp("llama"))
+    return write_tiny_checkpoint(Family.LLAMA, tmp_path_factory.mktemp("llama"))
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
