@@ -333,8 +333,8 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     if s.compact_filter:
         metrics["agent/compact_filtered"] = float(sum(
             not e.terminated and not e.failed for p in counted for e in p.trained))
-    n_agent = (len(agent_samples) if s.role_scale_counts == rewards.RoleScaleCounts.TRAINED
-               else sum(len(p.trained) for p in plays if p.env.env_id in pool_ids))
+    n_agent = s.role_scale_counts.agent_count(
+        len(agent_samples), sum(len(p.trained) for p in plays if p.env.env_id in pool_ids))
 
     if attempts and not s.no_designer_training:
         state.pending_designs += pending_designs_for(rt, state, attempts, plays,
@@ -399,9 +399,7 @@ def designer_samples_for(
     before = s.lp_update == rewards.LPUpdate.BEFORE_SCORING
     if before:
         trackers = variant.advance_trackers(outcomes, trackers, pooled=True)
-    counted = (DesignerStatus.OK, DesignerStatus.STEP_TIMEOUT)
-    if s.role_scale_counts == rewards.RoleScaleCounts.TRAINED and s.penalize_invalid:
-        counted += (DesignerStatus.INVALID,)
+    counted = s.role_scale_counts.designer_statuses(s.penalize_invalid)
     n_designer = sum(1 for o in outcomes if o.status in counted)
     scale = rewards.role_scale(n_agent, n_designer, s.regen_interval)
     result = rewards.designer_rewards(outcomes, variant, scale,

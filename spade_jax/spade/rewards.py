@@ -64,6 +64,19 @@ class RoleScaleCounts(enum.StrEnum):
     VALID = "valid"
     TRAINED = "trained"
 
+    def agent_count(self, trained: int, designed: int) -> int:
+        """The Agent samples counted: all `trained`, or the `designed` among them (those of
+        designed environments, memory replays left out)."""
+        return trained if self is RoleScaleCounts.TRAINED else designed
+
+    def designer_statuses(self, penalize_invalid: bool) -> tuple[DesignerStatus, ...]:
+        """The due Designer samples counted, by status: those of valid designs, and under
+        TRAINED the invalid ones too when they are trained (`penalize_invalid`)."""
+        statuses = (DesignerStatus.OK, DesignerStatus.STEP_TIMEOUT)
+        if self is RoleScaleCounts.TRAINED and penalize_invalid:
+            statuses += (DesignerStatus.INVALID,)
+        return statuses
+
 
 class DesignerStatus(enum.StrEnum):
     """Fate of one Designer sample: played, blacklisted for a step timeout, or invalid."""
