@@ -49,17 +49,17 @@ def read_run_config(workdir: epath.Path):
     return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def model_config_and_tokenizer(run):
-    """The architecture the run (a `RunConfig`) trained and its tokenizer, as `Runtime`
-    would load them."""
-    from spade_jax.policy import resolve_model, tokenizer_source
+def model_config_and_tokenizer(model):
+    """The architecture the run's `model` record (a `PolicyConfig`) names and its tokenizer,
+    as `Runtime` would load them."""
+    from spade_jax.policy import named_path, resolve_model
     from spade_jax.weights.gguf import gguf_model_config, open_gguf
     from spade_jax.weights.safetensors_io import load_hf_config
     from spade_jax.weights.tokenizer import load_tokenizer
 
-    if run.model.source == "random":
-        return run.model.arch, load_tokenizer(tokenizer_source(run.model.tokenizer))
-    source = resolve_model(run.model.source)
+    if model.source == "random":
+        return model.arch, load_tokenizer(named_path(model.tokenizer))
+    source = resolve_model(model.source)
     if source.is_dir():
         model_cfg = load_hf_config(source)
     else:
@@ -82,7 +82,7 @@ def export(checkpoint: str, out: str, cfg=None, *, dtype=None,
 
     workdir, step = checkpoint_location(checkpoint)
     run = config_lib.parse(cfg if cfg is not None else read_run_config(workdir))
-    model_cfg, tokenizer = model_config_and_tokenizer(run)
+    model_cfg, tokenizer = model_config_and_tokenizer(run.model)
     if shard:
         mesh = make_mesh(run.mesh.shape(jax.device_count()))
     else:

@@ -115,9 +115,9 @@ class Policy:
         )
 
 
-def tokenizer_source(name_or_path: str | Path) -> Path:
-    """What `load_tokenizer` reads for a `model.tokenizer`: a built-in model's file, or the
-    path given."""
+def named_path(name_or_path: str | Path) -> Path:
+    """The file a built-in model's name stands for, or the path given (what `model.source`
+    and `model.tokenizer` name, before any check that it exists)."""
     builtin = BUILTIN_MODELS.get(str(name_or_path).lower())
     return builtin() if builtin is not None else Path(name_or_path).expanduser()
 
@@ -125,7 +125,7 @@ def tokenizer_source(name_or_path: str | Path) -> Path:
 def resolve_model(name_or_path: str | Path) -> Path:
     """The checkpoint a `model.source` names: a built-in model's file, an HF directory, a
     .gguf file, or an HF Hub id (`owner/name`) found in the local Hugging Face cache."""
-    path = tokenizer_source(name_or_path)
+    path = named_path(name_or_path)
     if not path.exists() and hf_cache.HUB_ID.match(str(name_or_path)):
         path = hf_cache.snapshot(str(name_or_path))
     if not path.exists():

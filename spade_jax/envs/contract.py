@@ -52,18 +52,25 @@ def extract_code(text: str) -> str | None:
     return text if re.search(r"^\s*(class|def|import|from)\s", text, re.MULTILINE) else None
 
 
+def _braced(text: str, opening: int) -> int | None:
+    """Index of the `}` that closes the `{` at `opening` (nested braces balanced), or None."""
+    depth = 0
+    for i in range(opening, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return None
+
+
 def _boxed_contents(text: str) -> list[str]:
     """Contents of every `\\boxed{...}` in order, with nested braces balanced."""
     contents, start = [], 0
     while (at := text.find("\\boxed{", start)) >= 0:
-        depth, i = 1, at + len("\\boxed{")
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth:
+        opening = at + len("\\boxed")
+        if (closing := _braced(text, opening)) is None:
             break
-        contents.append(text[at + len("\\boxed{"): i - 1])
-        start = i
+        contents.append(text[opening + 1:closing])
+        start = closing + 1
     return contents
 
 
@@ -76,16 +83,12 @@ def boxed_action(reply: str) -> str:
         if found := pattern.search(reply):
             return f"\\boxed{{{found.group(1).strip()}}}"
     at = reply.rfind("\\boxed")
-    start = reply.find("{", at) if at >= 0 else -1
-    depth, content = 0, ""
-    for i in range(start, len(reply) if start >= 0 else start):
-        depth += {"{": 1, "}": -1}.get(reply[i], 0)
-        if depth == 0:
-            content = reply[start + 1:i].strip()
-            for _ in range(2):
-                if content.startswith("{") and content.endswith("}"):
-                    content = content[1:-1].strip()
-            break
+    opening = reply.find("{", at) if at >= 0 else -1
+    closing = _braced(reply, opening) if opening >= 0 else None
+    content = reply[opening + 1:closing].strip() if closing is not None else ""
+    for _ in range(2):
+        if content.startswith("{") and content.endswith("}"):
+            content = content[1:-1].strip()
     return f"\\boxed{{{content}}}" if content else reply.strip()
 
 

@@ -163,29 +163,26 @@ def _check_tool_use(pool: EnvPool, handle: int) -> None:
     throw at some seeds only is left alone (it depends on the random data, and one seed gave
     the reference false rejections), and so is a seed whose reset fails."""
     _expect(pool, handle, "T1", "reset", seed=42)
-    _tool_use_problems(pool, handle, "T1", "schema_problems")
+    if problems := _tool_use_problems(pool, handle, "schema_problems"):
+        raise _Reject("T1", "; ".join(map(str, problems[:5])))
     thrown = []
     for seed in RESET_GATE_SEEDS:
         if not pool.call(handle, "reset", seed=seed).ok:
             continue
-        problems = _tool_use_problems(pool, handle, "T2", "reset_problems", reject=False)
-        if not problems:
+        if not (problems := _tool_use_problems(pool, handle, "reset_problems")):
             return
         thrown.append(f"seed {seed}: {problems[0]}")
     if thrown:
         raise _Reject("T2", "at every seed, " + "; ".join(thrown))
 
 
-def _tool_use_problems(pool: EnvPool, handle: int, check: str, method: str,
-                       reject: bool = True) -> list:
-    """What ToolUseEnv's `method` reports; rejected as `check` at once unless `reject` is off
-    (T1 when the environment is not a ToolUseEnv)."""
+def _tool_use_problems(pool: EnvPool, handle: int, method: str) -> list:
+    """What ToolUseEnv's `method` reports (a T1 rejection when the environment is not a
+    ToolUseEnv)."""
     result = pool.call(handle, method)
     if not result.ok:
         raise _Reject("T1", f"not a ToolUseEnv subclass ({method}() {result.status}: "
                             f"{result.error.strip()[-200:]})")
-    if result.value and reject:
-        raise _Reject(check, "; ".join(map(str, result.value[:5])))
     return list(result.value)
 
 

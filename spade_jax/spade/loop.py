@@ -224,8 +224,8 @@ class EnvPlays:
     def scored(cls, env: DesignedEnv, nohint: list[Episode], hinted: list[Episode] | None,
                failed_plays: FailedPlays = FailedPlays.DROP) -> EnvPlays:
         """The plays of `env` with the statistics of those that count."""
-        hint_returns = (None if hinted is None else
-                        [e.episode_return for e in failed_plays.kept(hinted) if e.hint])
+        hint_returns = (None if hinted is None else [
+            e.episode_return for e in failed_plays.kept(hinted) if e.hint is not None])
         stats = regret.play_stats(env.env_id, env.skill,
                                   [e.episode_return for e in failed_plays.kept(nohint)],
                                   hint_returns,
@@ -256,9 +256,10 @@ def play_pool(rt, s: SpadeConfig, agent: Decoding, run_seed: int, cycle: int,
     spec_pairs = []
     for env in envs:
         seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(max(k, k_hint))]
-        hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint)
-                   for sd in seeds[:k_hint] if env.hint]
-                  if env.env_id in hinted_ids else None)
+        hinted = None
+        if env.env_id in hinted_ids:  # no hint written: no hint plays
+            hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint)
+                       for sd in seeds[:k_hint]] if env.hint else [])
         spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds[:k]], hinted))
     results = iter(rt.play([spec for nohint, hinted in spec_pairs
                             for spec in nohint + (hinted or [])],

@@ -48,13 +48,13 @@ log = logging.getLogger(__name__)
 
 def load_model_and_tokenizer(model: PolicyConfig, seed: int, mesh):
     """The model and tokenizer `model` names (a checkpoint, or random weights from `seed`)."""
-    from spade_jax.policy import load_policy, tokenizer_source
+    from spade_jax.policy import load_policy, named_path
     from spade_jax.weights.tokenizer import load_tokenizer
 
     dtype = jnp.dtype(model.param_dtype)
     if model.source == "random":
         return (Transformer(model.arch, rngs=nnx.Rngs(seed), param_dtype=dtype),
-                load_tokenizer(tokenizer_source(model.tokenizer)))
+                load_tokenizer(named_path(model.tokenizer)))
     policy = load_policy(model.source, mesh=mesh, dtype=dtype)
     policy.model.cfg = policy.config.replace(attention=model.attention,
                                              moe_capacity_factor=model.moe_capacity_factor)
