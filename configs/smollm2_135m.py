@@ -27,6 +27,8 @@ def get_config():
     # Designer prompt dominates generation and training time on 2 CPU cores
     c.spade.plays_per_env = 4
     c.spade.hint_plays_per_env = 4  # reference 16: the plays dominate a CPU cycle's sampling
+    # reference True: filling the 192-sample batch would play one environment 64 times or more
+    c.spade.fill_batch = False
     c.spade.max_turns = 4
     c.spade.max_attempts = 2
     # Memory replays (reference: none): without them a small model, which rarely writes a

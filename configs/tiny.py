@@ -26,6 +26,8 @@ def get_config():
     c.spade.games_per_cycle = 2
     c.spade.plays_per_env = 2
     c.spade.hint_plays_per_env = 2  # reference 16: fewer plays for a one-minute cycle
+    # reference True: filling the 192-sample batch would play one environment 64 times or more
+    c.spade.fill_batch = False
     c.spade.max_turns = 3
     c.spade.max_attempts = 1
     # Memory replays (reference: none): without them a random model, which writes no valid

@@ -30,6 +30,7 @@ from spade_jax.sampling.programs import MIN_BUCKET
 from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots, DecodeWeights
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.seeding import check_seed
+from spade_jax.spade.batch import plays_to_fill
 from spade_jax.spade.hints import HintMode, HintSchedule
 from spade_jax.spade.memory import MemoryMode
 from spade_jax.spade.prompts import GameType
@@ -277,6 +278,14 @@ class SpadeConfig:
     self_validation: bool = False  # a default: config.json of earlier runs has no such key
     global_batch_size: int = 192  # likewise
     compact_filter: bool = False  # likewise
+    fill_batch: bool = False  # likewise (False: how those runs played)
+
+    def no_hint_plays(self, n_envs: int) -> int:
+        """K of a cycle that plays `n_envs` environments: `plays_per_env`, raised with
+        `fill_batch` so that the no-hint plays fill `global_batch_size`."""
+        if not self.fill_batch:
+            return self.plays_per_env
+        return plays_to_fill(n_envs, self.plays_per_env, self.global_batch_size)
 
     def problems(self) -> list[str]:
         out = []
@@ -375,9 +384,11 @@ class RunConfig:
 
     @property
     def rollout_batch(self) -> int:
-        """Conversations the sampler holds at once: every play of every environment of a cycle."""
-        envs = self.spade.games_per_cycle + self.spade.replay_per_cycle
-        return envs * (self.spade.plays_per_env + self.spade.hint_plays_per_env)
+        """Conversations the sampler holds at once: every play of every environment of the
+        largest cycle (with `spade.fill_batch`, fewer environments may each play more)."""
+        s = self.spade
+        return max(n * (s.no_hint_plays(n) + s.hint_plays_per_env)
+                   for n in range(1, s.games_per_cycle + s.replay_per_cycle + 1))
 
     @property
     def play_context(self) -> int:

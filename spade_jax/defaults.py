@@ -133,6 +133,11 @@ def base_config() -> ml_collections.ConfigDict:
     # (reference --global-batch-size: 24 games x 8 plays; a regen cycle's 24 Designer samples
     # push out 24 Agent samples); 0: no limit.
     c.spade.global_batch_size = 192
+    # A cycle playing fewer environments than global_batch_size / plays_per_env plays each
+    # ceil(global_batch_size / environments) times, and duplicates its Agent samples round-robin
+    # until they and this regen cycle's designs fill the batch (reference orchestrator Stages 4
+    # and 7: a pool short of valid games trains a full batch).
+    c.spade.fill_batch = True
     # An Agent play that ends without terminating (turn limit, full context) trains no token
     # (reference --spade-compact-filter: off in the games recipes, on in the tool-use ones).
     c.spade.compact_filter = False

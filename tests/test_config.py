@@ -197,3 +197,16 @@ def test_every_config_file_parses():
     assert {"30b", "30b_tool_use", "4b", "8b", "tiny", "smollm2_135m"} <= set(names)
     for name in names:
         parse(load_config_file(name))
+
+
+def test_the_rollout_batch_holds_the_largest_cycle_a_short_pool_can_play():
+    """With fill_batch, fewer environments each play more; the sampler must hold the worst
+    case: here 4 environments x (ceil(32 / 4) + 2 hint plays) = 40 conversations."""
+    base = {"spade.games_per_cycle": 4, "spade.replay_per_cycle": 0,
+            "spade.plays_per_env": 2, "spade.hint_plays_per_env": 2,
+            "spade.global_batch_size": 32}
+    filled = parse(tiny(**base, **{"spade.fill_batch": True}))
+    assert [filled.spade.no_hint_plays(n) for n in (1, 2, 3, 4)] == [32, 16, 11, 8]
+    assert filled.rollout_batch == 40
+    assert parse(tiny(**base, **{"spade.fill_batch": False})).rollout_batch == 4 * (2 + 2)
+    assert parse(load_config_file("30b")).rollout_batch == 24 * (8 + 16)

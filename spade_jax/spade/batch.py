@@ -72,6 +72,24 @@ def order_for_training(
     return ordered[:max_samples] if max_samples is not None else ordered
 
 
+def plays_to_fill(n_envs: int, plays_per_env: int, batch_size: int) -> int:
+    """No-hint plays of each of the `n_envs` environments of a cycle: `plays_per_env`, or as
+    many as fill `batch_size` when fewer environments are played (reference orchestrator
+    Stage 4, `ceil(global_batch_size / games)`: a pool short of valid games plays each more)."""
+    if n_envs < 1 or batch_size < 1:
+        return plays_per_env
+    return max(plays_per_env, -(-batch_size // n_envs))
+
+
+def fill_indices(n: int, target: int) -> list[int]:
+    """0..n-1, then those indices again round-robin until there are `target` (reference Stage 7
+    `upsample_trajectories`, which duplicates Agent samples to fill the batch); none when n is
+    0, and just 0..n-1 when n already reaches `target`."""
+    if n < 1:
+        return []
+    return list(range(n)) + [i % n for i in range(max(0, target - n))]
+
+
 def drop_zero_advantage(
     samples: list[TrainSample], max_len: int | None = None
 ) -> tuple[list[TrainSample], int, int]:

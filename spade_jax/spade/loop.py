@@ -4,8 +4,10 @@
     advantages → one policy-gradient step on Designer + Agent samples → memory
 
 Every environment of the pool is played `spade.plays_per_env` times without hint (8 by
-default); with `spade.hint_plays_when='regen'` (the default) only the environments designed
-this cycle are also played `spade.hint_plays_per_env` times with it (16 by default).
+default; with `spade.fill_batch`, as the reference, a pool short of `global_batch_size / 8`
+environments plays each more and duplicates Agent samples to fill the batch). With
+`spade.hint_plays_when='regen'` (the default) only the environments designed this cycle are
+also played `spade.hint_plays_per_env` times with it (16 by default).
 
 The device side (generation, multi-turn sampling, the train step) and the sandboxed environments
 are reached through a `Runtime` (spade/runtime.py); everything here is host-side bookkeeping.
@@ -25,7 +27,7 @@ from spade_jax.rl.advantages import group_zscore_advantages
 from spade_jax.seeding import SEED_LIMIT, derive_rng, derive_seed
 from spade_jax.spade import hints as hint_lib
 from spade_jax.spade import prompts, regret, rewards
-from spade_jax.spade.batch import Role, TrainSample, order_for_training
+from spade_jax.spade.batch import Role, TrainSample, fill_indices, order_for_training
 from spade_jax.spade.delayed import PendingDesign, due_outcome, record_plays, split_due
 from spade_jax.spade.designer import (
     DesignAttempt,
@@ -249,10 +251,10 @@ class EnvPlays:
 
 def play_pool(rt, s: SpadeConfig, agent: Decoding, run_seed: int, cycle: int,
               envs: list[DesignedEnv], hinted_ids: set[str]) -> list[EnvPlays]:
-    """`s.plays_per_env` plays without hint of every env and `s.hint_plays_per_env` with hint
+    """`s.no_hint_plays` plays without hint of every env and `s.hint_plays_per_env` with hint
     of those in `hinted_ids` that have a hint (none for an empty one: `EnvPlays`), all in one
     batch; hint play i shares no-hint play i's seed."""
-    k, k_hint = s.plays_per_env, s.hint_plays_per_env
+    k, k_hint = s.no_hint_plays(len(envs)), s.hint_plays_per_env
     spec_pairs = []
     for env in envs:
         seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(max(k, k_hint))]
@@ -326,16 +328,23 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
             replay_weight[env.env_id] = float(p * len(probs) / probs.sum())
     counted = [p for p in plays if p.trained]  # an env whose plays all failed trains nothing
     groups = group_zscore_advantages([p.nohint_returns for p in counted]) if counted else None
-    agent_samples = []
+    agent_samples, from_pool = [], []
     for played, adv in zip(counted, groups.advantages if groups else [], strict=True):
         agent_samples += [agent_sample(e, a, replay_weight[played.env.env_id],
                                        s.compact_filter)
                           for e, a in zip(played.trained, adv, strict=True)]
+        from_pool += [played.env.env_id in pool_ids] * len(played.trained)
     if s.compact_filter:
         metrics["agent/compact_filtered"] = float(sum(
             not e.terminated and not e.failed for p in counted for e in p.trained))
-    n_agent = s.role_scale_counts.agent_count(
-        len(agent_samples), sum(len(p.trained) for p in plays if p.env.env_id in pool_ids))
+    if s.fill_batch and s.global_batch_size:
+        # as the reference, this regen cycle's designs keep their room in the batch
+        new_designs = 0 if s.no_designer_training else len(designed)
+        fill = fill_indices(len(agent_samples), s.global_batch_size - new_designs)
+        metrics["samples/upsampled"] = len(fill) - len(agent_samples)
+        agent_samples = [agent_samples[i] for i in fill]
+        from_pool = [from_pool[i] for i in fill]
+    n_agent = s.role_scale_counts.agent_count(len(agent_samples), sum(from_pool))
 
     if attempts and not s.no_designer_training:
         state.pending_designs += pending_designs_for(rt, state, attempts, plays,

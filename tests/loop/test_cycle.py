@@ -1,5 +1,6 @@
 """One SPADE cycle of the tiny model through the real loop: device code, sandbox, files."""
 
+import collections
 import json
 import types
 
@@ -10,6 +11,7 @@ from spade_jax.config import load_config_file
 from spade_jax.sampling import Completion
 from spade_jax.seeding import SEED_LIMIT
 from spade_jax.spade.driver import run_training
+from spade_jax.spade.rollout import EpisodeStatus
 
 
 def test_tiny_config_runs_a_full_cycle(tmp_path, tiny_runtime):
@@ -103,6 +105,39 @@ def test_valid_designs_are_played_rewarded_trained_and_remembered(
     new = [r for r in records if r["id"].startswith("c00000_")]
     assert len(new) == cfg.spade.games_per_cycle
     assert all(r["win_rate"] is not None for r in new)
+
+
+def test_a_short_pool_plays_more_and_duplicates_agent_samples_to_fill_the_batch(
+        tmp_path, tiny_runtime, scripted_designer, monkeypatch):
+    """Reference orchestrator Stages 4 and 7: each of the 2 environments is played
+    ceil(11 / 2) = 6 times, and when failed plays leave too few Agent samples they are copied
+    round-robin until they and the cycle's 2 designs fill the 11-sample batch."""
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 1
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.fill_batch = True
+    cfg.spade.global_batch_size = 11
+    asked, play = [], tiny_runtime.play
+
+    def play_then_crash(specs, decoding, *, seed):  # no-hint plays after an env's 2nd crash
+        asked.extend(specs)
+        episodes = play(specs, decoding, seed=seed)
+        kept = collections.Counter()
+        for episode in episodes:
+            if episode.spec.hint is None:
+                kept[episode.spec.env_id] += 1
+                if kept[episode.spec.env_id] > 2:
+                    episode.status = EpisodeStatus.CRASHED
+        return episodes
+
+    monkeypatch.setattr(tiny_runtime, "play", play_then_crash)
+    row = run_training(cfg, str(tmp_path), runtime=tiny_runtime)[0]
+    no_hint = collections.Counter(s.env_id for s in asked if s.hint is None)
+    assert sorted(no_hint.values()) == [6, 6]
+    assert row["episodes/failed"] == 8
+    assert row["samples/upsampled"] == 9 - 4
+    assert (row["samples/designer"], row["samples/agent"]) == (2, 9)
+    assert row["samples/trimmed"] == 0 and row["train/samples"] == 11
 
 
 def test_a_variant_without_regret_plays_no_hint(tmp_path, tiny_runtime, scripted_designer):

@@ -51,7 +51,8 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
 
     envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0, hint=f"h{i}")
             for i in range(2)]
-    spade = SimpleNamespace(plays_per_env=3, hint_plays_per_env=5, failed_plays=FailedPlays.DROP)
+    spade = SimpleNamespace(no_hint_plays=lambda n_envs: 3, hint_plays_per_env=5,
+                            failed_plays=FailedPlays.DROP)
     agent = Decoding(0.6, 0.95, 20, 8)
     plays = play_pool(SimpleNamespace(play=play), spade, agent, 0, 4, envs, {"env0"})
     assert asked == [agent]

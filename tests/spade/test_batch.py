@@ -8,8 +8,10 @@ from spade_jax.spade.batch import (
     assemble_batch,
     bucket_length,
     drop_zero_advantage,
+    fill_indices,
     length_groups,
     order_for_training,
+    plays_to_fill,
 )
 
 
@@ -25,6 +27,29 @@ def test_designer_samples_come_first_and_survive_trim():
     samples = [sample("agent", 5, 2) for _ in range(6)] + [sample("designer", 9, 4)]
     ordered = order_for_training(samples, max_samples=3)
     assert [s.role for s in ordered] == ["designer", "agent", "agent"]
+
+
+@pytest.mark.parametrize("n_envs, plays", [
+    (24, 8), (23, 9), (20, 10), (7, 28), (1, 192),  # reference ceil(192 / games), golden
+    (30, 8),  # more environments than the batch needs: never fewer than plays_per_env
+    (0, 8),  # nothing to play
+])
+def test_a_short_pool_plays_each_environment_enough_to_fill_the_batch(n_envs, plays):
+    assert plays_to_fill(n_envs, 8, 192) == plays
+
+
+def test_no_batch_limit_keeps_the_configured_plays():
+    assert plays_to_fill(3, 8, 0) == 8
+
+
+@pytest.mark.parametrize("n, target, indices", [
+    (3, 7, [0, 1, 2, 0, 1, 2, 0]),  # reference upsample_trajectories: round-robin copies
+    (3, 3, [0, 1, 2]),
+    (5, 2, [0, 1, 2, 3, 4]),  # never trims: that is order_for_training's job
+    (0, 4, []),  # nothing to copy
+])
+def test_fill_indices_repeat_the_samples_round_robin(n, target, indices):
+    assert fill_indices(n, target) == indices
 
 
 def test_assemble_pads_masks_and_broadcasts_advantage():

@@ -33,6 +33,8 @@ REFERENCE_DEFAULTS = {
     "spade.self_validation": False,  # use_env_validator (on in the tool-use recipes)
     "spade.plays_per_env": 8, "spade.hint_plays_per_env": 16, "spade.hint_plays_when": "regen",
     "spade.global_batch_size": 192, "spade.compact_filter": False,
+    # orchestrator Stage 4 ceil(global_batch_size / games) plays, Stage 7 upsampling
+    "spade.fill_batch": True,
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
     "spade.role_scale_counts": "valid", "spade.regen_interval": 4, "spade.max_turns": 25,
