@@ -29,6 +29,7 @@ def get_config():
     c.spade.hint_plays_per_env = 4  # reference 16: the plays dominate a CPU cycle's sampling
     # reference True: filling the 192-sample batch would play one environment 64 times or more
     c.spade.fill_batch = False
+    c.spade.top_up = False  # reference True: a Designer call costs a CPU cycle minutes
     c.spade.max_turns = 4
     c.spade.max_attempts = 2
     # Memory replays (reference: none): without them a small model, which rarely writes a

@@ -28,6 +28,7 @@ def get_config():
     c.spade.hint_plays_per_env = 2  # reference 16: fewer plays for a one-minute cycle
     # reference True: filling the 192-sample batch would play one environment 64 times or more
     c.spade.fill_batch = False
+    c.spade.top_up = False  # reference True: a Designer call costs a CPU cycle minutes
     c.spade.max_turns = 3
     c.spade.max_attempts = 1
     # Memory replays (reference: none): without them a random model, which writes no valid

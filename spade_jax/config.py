@@ -279,6 +279,7 @@ class SpadeConfig:
     global_batch_size: int = 192  # likewise
     compact_filter: bool = False  # likewise
     fill_batch: bool = False  # likewise (False: how those runs played)
+    top_up: bool = False  # likewise
 
     def no_hint_plays(self, n_envs: int) -> int:
         """K of a cycle that plays `n_envs` environments: `plays_per_env`, raised with

@@ -138,6 +138,10 @@ def base_config() -> ml_collections.ConfigDict:
     # until they and this regen cycle's designs fill the batch (reference orchestrator Stages 4
     # and 7: a pool short of valid games trains a full batch).
     c.spade.fill_batch = True
+    # A pool short of games_per_cycle valid environments between regenerations is refilled by
+    # the Designer (reference orchestrator Stage 2); the refills get no hint plays, are never
+    # trained as Designer samples nor stored in memory, and are replaced at the next regen.
+    c.spade.top_up = True
     # An Agent play that ends without terminating (turn limit, full context) trains no token
     # (reference --spade-compact-filter: off in the games recipes, on in the tool-use ones).
     c.spade.compact_filter = False

@@ -49,6 +49,9 @@ class DesignedEnv:
     cycle: int
     attempt: DesignAttempt | None = None  # None for environments replayed from memory
     hint: str = ""
+    # designed between regenerations to refill a short pool (`spade.top_up`): played until
+    # the next regeneration, never trained as a Designer sample nor stored in memory
+    top_up: bool = False
 
 
 def env_id_for(cycle: int, slot: int, skill: str) -> str:

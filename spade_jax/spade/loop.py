@@ -154,12 +154,14 @@ def agent_sample(episode: Episode, advantage: float, weight: float = 1.0,
 
 
 def run_designer(
-    rt, s: SpadeConfig, sampling: SamplingConfig, state: HostState, corpus, rng
+    rt, s: SpadeConfig, sampling: SamplingConfig, state: HostState, corpus, rng, slots: int,
+    with_hints: bool = True,
 ) -> tuple[list[DesignAttempt], list[DesignedEnv]]:
-    """Ask the Designer for `games_per_cycle` environments (with retries) and their hints."""
+    """Ask the Designer for `slots` environments (with retries), the skills of the regen
+    epoch's window in turn from its first, and (`with_hints`) their hints."""
     regen_index = state.cycle // s.regen_interval
     window = active_skills(list(s.skills), s.skills_per_regen, regen_index)
-    slot_skills = [window[i % len(window)] for i in range(s.games_per_cycle)]
+    slot_skills = [window[i % len(window)] for i in range(slots)]
     examples = prompts.worked_example(rt.seed_envs, s.game_type)
 
     def build_prompt(slot, skill, attempt):
@@ -185,7 +187,7 @@ def run_designer(
         validate_many=rt.validate_many, max_attempts=s.max_attempts,
         judge=judge if s.self_validation else None)
     admitted = [e for e in admitted if not state.memory.contains_hash_of(e.code)]
-    if s.reward_variant.needs_hints:
+    if with_hints and s.reward_variant.needs_hints:
         write_hints(rt, s, sampling, admitted, rng)
     return attempts, admitted
 
@@ -280,13 +282,15 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     rng = cycle_rng(run.seed, state.cycle, 0)
     metrics: dict[str, float] = {}
     attempts: list[DesignAttempt] = []
-    designed: set[str] = set()
+    designed: set[str] = set()  # this regen cycle's new environments
+    topped_up: list[DesignedEnv] = []
     regen = state.cycle % s.regen_interval == 0
     if not run.mode.designs:
         if not state.pool:
             state.pool = rt.fixed_pool()
     elif regen:
-        attempts, admitted = run_designer(rt, s, run.sampling, state, corpus, rng)
+        attempts, admitted = run_designer(rt, s, run.sampling, state, corpus, rng,
+                                          slots=s.games_per_cycle)
         metrics.update(validation_metrics(attempts, self_validation=s.self_validation))
         metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
         if admitted:
@@ -296,6 +300,16 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
             rt.log("no valid environment this cycle: the Agent keeps training on the last pool")
         else:
             rt.log("no valid environment yet: the Agent trains on memory environments")
+    elif s.top_up and len(state.pool) < s.games_per_cycle:
+        # reference Stage 2: a games dir short of its games is refilled at the next rollouts;
+        # without a hint phase those designs carry no reward signal, so they are not trained
+        attempts, admitted = run_designer(rt, s, run.sampling, state, corpus, rng,
+                                          slots=s.games_per_cycle - len(state.pool),
+                                          with_hints=False)
+        topped_up = [dataclasses.replace(e, top_up=True) for e in admitted]
+        metrics.update(validation_metrics(attempts, self_validation=s.self_validation))
+        metrics["designer/topped_up"] = len(topped_up)
+        state.pool = state.pool + topped_up
 
     replayed = []
     if not s.no_memory and s.replay_per_cycle > 0:
@@ -309,7 +323,8 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     played_envs = pool + [e for e, _ in replayed]
     hinted_ids = (s.hint_plays_when.hinted([e.env_id for e in played_envs], designed)
                   if s.reward_variant.needs_hints else set())
-    unhinted = [e for e, _ in replayed if e.env_id in hinted_ids and not e.hint]
+    unhinted = [e for e in topped_up + [e for e, _ in replayed]
+                if e.env_id in hinted_ids and not e.hint]
     if unhinted:
         write_hints(rt, s, run.sampling, unhinted, rng)
     plays = (play_pool(rt, s, run.sampling.agent, run.seed, state.cycle, played_envs, hinted_ids)
@@ -346,7 +361,7 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
         from_pool = [from_pool[i] for i in fill]
     n_agent = s.role_scale_counts.agent_count(len(agent_samples), sum(from_pool))
 
-    if attempts and not s.no_designer_training:
+    if regen and attempts and not s.no_designer_training:
         state.pending_designs += pending_designs_for(rt, state, attempts, plays,
                                                      due=state.cycle + s.designer_delay)
     record_plays(state.pending_designs, state.cycle,
@@ -426,11 +441,14 @@ def designer_samples_for(
 
 def update_memory(state: HostState, plays: list[EnvPlays], replayed_ids: set[str]) -> None:
     """Store new environments with the statistics of their first cycle, as the reference
-    records a game once, at its regen step; refresh only the memory replays' (PLR scores a
-    revisited level anew), not a stored environment the pool plays again."""
+    records a game once, at its regen step (a top-up, designed between them, never); refresh
+    only the memory replays' (PLR scores a revisited level anew), not a stored environment the
+    pool plays again."""
     stored = {r.id: r for r in state.memory.records}
     for played in plays:
         env, st = played.env, played.stats
+        if env.top_up:
+            continue
         if env.env_id in stored:
             if env.env_id not in replayed_ids:
                 continue

@@ -140,6 +140,44 @@ def test_a_short_pool_plays_more_and_duplicates_agent_samples_to_fill_the_batch(
     assert row["samples/trimmed"] == 0 and row["train/samples"] == 11
 
 
+def test_a_short_pool_is_topped_up_between_regenerations_and_the_top_up_never_trained(
+        tmp_path, tiny_runtime, scripted_designer, monkeypatch):
+    """Reference orchestrator Stage 2: cycle 0 admits one of its two designs, so cycle 1 (not a
+    regen cycle) asks the Designer for the missing one and plays it; without a hint phase it
+    has no reward signal, so it is neither trained nor remembered."""
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 2  # regen_interval 2: cycle 1 is not a regen cycle
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.top_up = True
+    scripted, asked = tiny_runtime.generate, []
+
+    def second_design_fails(messages_list, *args, **kwargs):
+        asked.append(len(messages_list))
+        out = scripted(messages_list, *args, **kwargs)
+        if len(asked) == 1:
+            tokens = tiny_runtime.tokenizer.encode("no code", add_special_tokens=False)
+            out[1] = Completion("no code", tokens, [-1.0] * len(tokens), "stop")
+        return out
+
+    monkeypatch.setattr(tiny_runtime, "generate", second_design_fails)
+    first, second = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    assert asked == [2, 1]  # the top-up asks for the missing slot only
+    assert first["designer/valid_rate"] == 0.5 and first["envs/played"] == 1
+    assert second["designer/topped_up"] == 1 and second["envs/played"] == 2
+    played = [p.name for p in (tmp_path / "envs" / "cycle_00001").glob("played_c00001_*")]
+    assert len(played) == 1
+    assert second["samples/designer"] == 1  # cycle 0's valid design (final flush); no top-up
+    from spade_jax.checkpoint import Checkpointer
+
+    ck = Checkpointer(str(tmp_path))
+    _, host = ck.restore(2, tiny_runtime.device_state())
+    ck.close()
+    ids = [r["id"] for r in host["state"]["memory"]["records"]]
+    assert sum(i.startswith("c00000_") for i in ids) == 1
+    assert not any(i.startswith("c00001_") for i in ids)
+    assert [e["top_up"] for e in host["state"]["pool"]] == [False, True]
+
+
 def test_a_variant_without_regret_plays_no_hint(tmp_path, tiny_runtime, scripted_designer):
     """As the reference, which computes hints for `regret` and `blend` only."""
     cfg = load_config_file("tiny")

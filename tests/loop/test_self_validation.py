@@ -47,7 +47,7 @@ def design(rt, *, self_validation: bool, max_attempts: int = 1):
     sampling = dataclasses.replace(rt.run.sampling, designer_max_new_tokens=4096)  # a seed's code
     try:
         attempts, admitted = run_designer(rt, s, sampling, HostState(0, EnvMemory(), []), None,
-                                          np.random.default_rng(0))
+                                          np.random.default_rng(0), slots=s.games_per_cycle)
         return attempts, admitted, rt.sampler.judged
     finally:
         rt.sampler = sampler

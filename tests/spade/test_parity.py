@@ -35,6 +35,7 @@ REFERENCE_DEFAULTS = {
     "spade.global_batch_size": 192, "spade.compact_filter": False,
     # orchestrator Stage 4 ceil(global_batch_size / games) plays, Stage 7 upsampling
     "spade.fill_batch": True,
+    "spade.top_up": True,  # orchestrator Stage 2: len(game_files) < min_games designs the rest
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
     "spade.role_scale_counts": "valid", "spade.regen_interval": 4, "spade.max_turns": 25,
