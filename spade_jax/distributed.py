@@ -24,6 +24,7 @@ Crossing the host/device boundary with global arrays:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import logging
@@ -49,13 +50,29 @@ class DetectedCluster:
     method: str | None = None
 
 
+class Startup(enum.StrEnum):
+    """How this process joins a run: at a given coordinator, through the cluster JAX detected,
+    or alone (no `jax.distributed` initialisation)."""
+
+    EXPLICIT = "explicit"
+    AUTO = "auto"
+    SINGLE = "single"
+
+    def join(self, coordinator: str | None, num_processes: int | None,
+             process_id: int | None, detected: DetectedCluster | None) -> bool:
+        """Initialise `jax.distributed` this way; whether a multi-process run was joined."""
+        if self is Startup.EXPLICIT:
+            jax.distributed.initialize(coordinator, num_processes, process_id)
+        elif self is Startup.AUTO:
+            jax.distributed.initialize(cluster_detection_method=detected.method)
+        return self is not Startup.SINGLE
+
+
 @dataclasses.dataclass(frozen=True)
 class StartupDecision:
-    """How this process starts: `action` is "explicit" (coordinator given), "auto" (let
-    `jax.distributed.initialize()` read the detected cluster) or "single" (no initialisation);
-    `reason` is the log line saying why."""
+    """How this process starts, and `reason`, the log line saying why."""
 
-    action: str
+    action: Startup
     reason: str
 
 
@@ -92,14 +109,15 @@ def decide_startup(coordinator: str | None, detected: DetectedCluster | None) ->
     alone, exactly as without `jax.distributed`.
     """
     if coordinator:
-        return StartupDecision("explicit", f"coordinator {coordinator} given (SPADE_COORDINATOR)")
+        return StartupDecision(Startup.EXPLICIT,
+                               f"coordinator {coordinator} given (SPADE_COORDINATOR)")
     if detected is None:
-        return StartupDecision("single", "no cluster environment detected: one process")
+        return StartupDecision(Startup.SINGLE, "no cluster environment detected: one process")
     if detected.process_count > 1:
-        return StartupDecision(
-            "auto", f"cluster {detected.name!r} detected with {detected.process_count} processes")
+        return StartupDecision(Startup.AUTO, f"cluster {detected.name!r} detected with "
+                                             f"{detected.process_count} processes")
     return StartupDecision(
-        "single", f"cluster {detected.name!r} detected with 1 process: no initialisation")
+        Startup.SINGLE, f"cluster {detected.name!r} detected with 1 process: no initialisation")
 
 
 def initialize_from_environment(
@@ -124,11 +142,7 @@ def initialize_from_environment(
     detected = None if coordinator else detect_cluster()
     decision = decide_startup(coordinator, detected)
     logging.info("multi-host start-up: %s", decision.reason)
-    if decision.action == "explicit":
-        jax.distributed.initialize(coordinator, num_processes, process_id)
-    elif decision.action == "auto":
-        jax.distributed.initialize(cluster_detection_method=detected.method)
-    else:
+    if not decision.action.join(coordinator, num_processes, process_id, detected):
         return
     _initialized = True
     logging.info(

@@ -329,3 +329,18 @@ def test_tiny_model_plays_the_rq1_table_and_a_killed_run_resumes(tmp_path):
     assert "gpqa_diamond: 2 rows already scored, 0 episodes to play" in result.stderr
     assert report.read_jsonl(items)[0] == rows[0]
     assert json.loads((out / tables.TABLE_JSON).read_text())["values"].keys() == episodes.keys()
+
+
+@pytest.mark.parametrize("text, boxed", [
+    ("so \\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"), ("none", None),
+    ("\\boxed{open", None), ("\\boxed{}", "")])
+def test_the_self_contained_env_modules_carry_one_last_boxed(text, boxed):
+    """Each sandboxed env module must hold its own copy (it runs without our package); the
+    copies must stay one function."""
+    import inspect
+
+    from spade_jax.eval import humaneval_env, reasoning_gym_env
+
+    assert (inspect.getsource(humaneval_env.last_boxed)
+            == inspect.getsource(reasoning_gym_env.last_boxed))
+    assert humaneval_env.last_boxed(text) == boxed
