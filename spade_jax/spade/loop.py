@@ -37,7 +37,7 @@ from spade_jax.spade.designer import (
 )
 from spade_jax.spade.envrunner import ENV_HINT
 from spade_jax.spade.hints import HintMode, HintStatus
-from spade_jax.spade.memory import EnvMemory, new_record
+from spade_jax.spade.memory import EnvMemory, new_record, replay_weights
 from spade_jax.spade.rewards import DesignerStatus, FailedPlays
 from spade_jax.spade.rollout import Decoding, Episode, EpisodeSpec, EpisodeStatus
 from spade_jax.spade.self_validation import Verdict, parse_verdict, self_validation_messages
@@ -337,10 +337,8 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     # Agent: per-environment z-scores over the no-hint plays that count (failed ones dropped
     # before normalising, `spade.failed_plays`); hint plays are never trained.
     replay_weight = {e.env_id: 1.0 for e in pool}
-    if replayed:
-        probs = np.array([p for _, p in replayed])
-        for (env, _), p in zip(replayed, probs, strict=True):
-            replay_weight[env.env_id] = float(p * len(probs) / probs.sum())
+    replay_weight.update(zip([e.env_id for e, _ in replayed],
+                             replay_weights([p for _, p in replayed]), strict=True))
     counted = [p for p in plays if p.trained]  # an env whose plays all failed trains nothing
     groups = group_zscore_advantages([p.nohint_returns for p in counted]) if counted else None
     agent_samples, from_pool = [], []

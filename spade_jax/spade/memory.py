@@ -468,3 +468,11 @@ def _sample_without_replacement(
         return []
     chosen = rng.choice(len(items), size=min(n, len(items)), replace=False)
     return [items[int(i)] for i in chosen]
+
+
+def replay_weights(probabilities: Sequence[float]) -> list[float]:
+    """The Agent-loss weight of each memory replay: its PLR draw probability over the mean of
+    the cycle's draws, so that replays weigh 1 on average and the likelier draws (higher
+    regret, staler) weigh more."""
+    mean = float(np.mean(probabilities)) if len(probabilities) else 0.0
+    return [float(p) / mean for p in probabilities]

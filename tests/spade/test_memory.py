@@ -254,3 +254,12 @@ def test_contains_and_update_stats():
     assert memory.current_cycle == 8
     with pytest.raises(KeyError, match="no environment 'b'"):
         memory.update_stats("b", cycle=8, win_rate=0.5, regret=0.0)
+
+
+@pytest.mark.parametrize("probabilities, weights", [
+    ([0.5, 0.25, 0.25], [1.5, 0.75, 0.75]),  # golden: probability over the draws' mean
+    ([0.2, 0.2], [1.0, 1.0]),
+    ([], []),
+])
+def test_replay_weights_are_draw_probabilities_over_their_mean(probabilities, weights):
+    assert M.replay_weights(probabilities) == pytest.approx(weights)
