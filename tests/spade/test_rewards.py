@@ -162,3 +162,45 @@ def test_bad_inputs_fail_clearly():
         R.LearningPotentialState(gamma_fast=0.5, gamma_slow=0.9)
     with pytest.raises(ValueError, match="status"):
         R.DesignerOutcome("A", status="crashed")
+
+
+def tracker_outcomes():
+    """Skill A: two played samples (6 and 2 plays), one with no counted play, one invalid;
+    skill B: one played sample."""
+    return [R.DesignerOutcome("A", win_rate=1.0, n_plays=6),
+            R.DesignerOutcome("A", win_rate=0.0, n_plays=2),
+            R.DesignerOutcome("A", win_rate=0.5, n_plays=0),
+            R.DesignerOutcome("A", R.DesignerStatus.INVALID, win_rate=0.9, n_plays=4),
+            R.DesignerOutcome("B", win_rate=0.25, n_plays=3)]
+
+
+def test_only_learning_potential_adds_a_fresh_tracker_per_new_skill():
+    kept = R.LearningPotentialState(mu_fast=0.1, mu_slow=0.2)
+    lp = R.RewardVariant.LEARNING_POTENTIAL.trackers_for(tracker_outcomes(), {"A": kept})
+    assert lp == {"A": kept, "B": R.LearningPotentialState()}
+    for variant in (R.RewardVariant.BLEND, R.RewardVariant.REGRET, R.RewardVariant.SOLVE_RATE):
+        assert variant.trackers_for(tracker_outcomes(), {"A": kept}) == {"A": kept}
+
+
+@pytest.mark.parametrize("pooled, mean_a", [
+    (True, 0.75),  # (6 x 1.0 + 2 x 0.0) / 8: plays pooled, an uncounted or invalid one left out
+    (False, 0.5),  # mean of the played samples' win rates (1.0, 0.0, 0.5), invalid left out
+])
+def test_each_played_skill_advances_its_tracker_once(pooled, mean_a):
+    variant = R.RewardVariant.LEARNING_POTENTIAL
+    fresh = variant.trackers_for(tracker_outcomes(), {})
+    out = variant.advance_trackers(tracker_outcomes(), fresh, pooled=pooled)
+    # a fresh tracker is initialised to the first mean, both speeds
+    assert (out["A"].mu_fast, out["A"].mu_slow) == (pytest.approx(mean_a),
+                                                    pytest.approx(mean_a))
+    assert out["B"].mu_slow == pytest.approx(0.25)
+    moved = variant.advance_trackers(tracker_outcomes(), {"A": R.LearningPotentialState(
+        mu_fast=0.0, mu_slow=0.0), "B": out["B"]}, pooled=pooled)
+    assert moved["A"].mu_fast == pytest.approx(0.98 * mean_a)  # one EMA step, gamma_fast 0.98
+    assert fresh["A"] == R.LearningPotentialState()  # inputs are not mutated
+
+
+def test_variants_without_trackers_leave_them_unchanged():
+    trackers = {"A": R.LearningPotentialState(mu_fast=0.1, mu_slow=0.2)}
+    assert R.RewardVariant.BLEND.advance_trackers(tracker_outcomes(), trackers,
+                                                  pooled=True) == trackers
