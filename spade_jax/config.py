@@ -40,6 +40,7 @@ from spade_jax.spade.rewards import (
     LPUpdate,
     RewardVariant,
     RoleScaleCounts,
+    StepErrors,
 )
 from spade_jax.spade.rollout import Decoding, conversation_capacity
 
@@ -280,6 +281,8 @@ class SpadeConfig:
     compact_filter: bool = False  # likewise
     fill_batch: bool = False  # likewise (False: how those runs played)
     top_up: bool = False  # likewise
+    step_errors: StepErrors = StepErrors.FAIL  # likewise
+    cut_reply_truncates: bool = False  # likewise
 
     def no_hint_plays(self, n_envs: int) -> int:
         """K of a cycle that plays `n_envs` environments: `plays_per_env`, raised with
@@ -461,6 +464,7 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     s["hint_plays_when"] = _choice(HintSchedule, s["hint_plays_when"], "spade.hint_plays_when",
                                    problems)
     s["failed_plays"] = _choice(FailedPlays, s["failed_plays"], "spade.failed_plays", problems)
+    s["step_errors"] = _choice(StepErrors, s["step_errors"], "spade.step_errors", problems)
     s["lp_update"] = _choice(LPUpdate, s["lp_update"], "spade.lp_update", problems)
     s["role_scale_counts"] = _choice(RoleScaleCounts, s["role_scale_counts"],
                                      "spade.role_scale_counts", problems)

@@ -19,7 +19,13 @@ from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots, De
 from spade_jax.spade.hints import HintMode, HintSchedule
 from spade_jax.spade.memory import MemoryMode
 from spade_jax.spade.prompts import GameType
-from spade_jax.spade.rewards import FailedPlays, LPUpdate, RewardVariant, RoleScaleCounts
+from spade_jax.spade.rewards import (
+    FailedPlays,
+    LPUpdate,
+    RewardVariant,
+    RoleScaleCounts,
+    StepErrors,
+)
 
 
 def arch(**fields) -> ml_collections.ConfigDict:
@@ -146,6 +152,13 @@ def base_config() -> ml_collections.ConfigDict:
     # (reference --spade-compact-filter: off in the games recipes, on in the tool-use ones).
     c.spade.compact_filter = False
     c.spade.failed_plays = FailedPlays.DROP.value  # drop | score (-1)
+    # A step that raises or breaks the contract: lose (reference: the play ends terminated at
+    # reward -1 and is trained) | fail (the play failed: spade.failed_plays decides)
+    c.spade.step_errors = StepErrors.LOSE.value
+    # A no-hint play whose reply used its whole token budget without an end-of-turn token ends
+    # there, unstepped, truncated (return 0), as the reference's no-hint arm; its hint arm
+    # steps the cut reply, as ours
+    c.spade.cut_reply_truncates = True
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
     c.spade.game_type = GameType.GAME.value  # game | tool_use

@@ -264,7 +264,9 @@ def play_pool(rt, s: SpadeConfig, agent: Decoding, run_seed: int, cycle: int,
         if env.env_id in hinted_ids:  # no hint written: no hint plays
             hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint)
                        for sd in seeds[:k_hint]] if env.hint else [])
-        spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd) for sd in seeds[:k]], hinted))
+        spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd,
+                                        end_on_cut_reply=s.cut_reply_truncates)
+                            for sd in seeds[:k]], hinted))
     results = iter(rt.play([spec for nohint, hinted in spec_pairs
                             for spec in nohint + (hinted or [])],
                            agent, seed=play_seed(run_seed, cycle)))
@@ -500,6 +502,8 @@ def play_metrics(plays: list[EnvPlays], groups, n_designer, n_agent) -> dict[str
             "return/nohint": float(np.mean([st.r_nohint for st in stats])),
             "agent/win_rate": float(np.mean([st.win_rate for st in stats])),
             "episodes/failed": float(sum(st.n_failed for st in stats)),
+            "episodes/env_errors": float(sum(e.status == EpisodeStatus.ENV_ERROR
+                                             for p in plays for e in p.episodes)),
         })
     if groups is not None:
         out["agent/zero_variance_groups"] = groups.n_zero_variance

@@ -28,6 +28,7 @@ import numpy as np
 STEP_TIMEOUT_PENALTY = -0.5
 INVALID_GENERATION_PENALTY = -1.0
 FAILED_EPISODE_RETURN = -1.0
+STEP_ERROR_REWARD = -1.0  # reference SyntheticGameEnv.step's reward for a step that raises
 
 
 class FailedPlays(enum.StrEnum):
@@ -41,6 +42,21 @@ class FailedPlays(enum.StrEnum):
     def kept(self, episodes: Sequence[Any]) -> list[Any]:
         """The plays (objects with ``.failed``) that count under this mode."""
         return [e for e in episodes if not (self is FailedPlays.DROP and e.failed)]
+
+
+class StepErrors(enum.StrEnum):
+    """What a step of a played environment that raises (or breaks the contract) does: LOSE
+    (reference ``SyntheticGameEnv.step``: it answers ``("Error: ...", -1.0, terminated)``, so
+    the play ends as a loss and is trained like any) or FAIL (the play failed, and
+    `FailedPlays` decides what it counts for). A timeout always fails the play."""
+
+    LOSE = "lose"
+    FAIL = "fail"
+
+    @property
+    def reward(self) -> float | None:
+        """The reward that ends a play at a step error (None: the play fails)."""
+        return STEP_ERROR_REWARD if self is StepErrors.LOSE else None
 
 
 class LPUpdate(enum.StrEnum):

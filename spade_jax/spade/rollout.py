@@ -41,15 +41,20 @@ class EpisodeSpec:
     seed: int
     hint: str | None = None
     max_turns: int | None = None
+    # a reply that used its whole token budget without an end-of-turn token ends the episode
+    # unstepped, truncated (return 0): the reference's no-hint plays (`hit_eos`)
+    end_on_cut_reply: bool = False
 
 
 class EpisodeStatus(enum.StrEnum):
     """How an episode ended: normally, its environment crashed or timed out in the sandbox,
-    or the conversation outgrew the KV cache."""
+    its environment's step failed and ended it as a loss (`play_episodes`'
+    `step_error_reward`), or the conversation outgrew the KV cache."""
 
     OK = "ok"
     CRASHED = "crashed"
     TIMEOUT = "timeout"
+    ENV_ERROR = "env_error"
     CONTEXT_FULL = "context_full"
 
     @property
@@ -192,10 +197,13 @@ class _EnvironmentTurns:
 
     def __init__(self, envs: EnvRunner, starts: list, chat: ChatFormat, *, max_turns: int,
                  max_observation_tokens: int, step_wait_s: float, playing: list[int],
-                 to_action: Callable[[str], str]):
+                 to_action: Callable[[str], str], end_on_cut_reply: list[bool],
+                 step_error_reward: float | None):
         self.envs, self.starts, self.chat, self.to_action = envs, starts, chat, to_action
         self.max_turns, self.max_observation_tokens = max_turns, max_observation_tokens
         self.step_wait_s, self.playing = step_wait_s, playing
+        self.end_on_cut_reply, self.step_error_reward = end_on_cut_reply, step_error_reward
+        self.unstepped: dict[int, None] = {}  # requests whose cut reply ended them
         self.request = {starts[i].handle: j for j, i in enumerate(playing)}  # handle -> request
         n = len(starts)
         self.rewards: list[list[float]] = [[] for _ in range(n)]
@@ -213,23 +221,35 @@ class _EnvironmentTurns:
             i = self.playing[j]
             self.turns[i] += 1
             self.stopped[j] = out.stopped
+            if not out.stopped and self.end_on_cut_reply[i]:
+                self.unstepped[j] = None
+                self.continued[i] = False
+                continue
             reply = self.chat.tokenizer.decode(out.tokens, skip_special_tokens=True)
             pairs.append((self.starts[i].handle, self.to_action(reply)))
-        self.envs.submit_steps(pairs)
+        if pairs:
+            self.envs.submit_steps(pairs)
         self.seconds += time.perf_counter() - started
 
     def collect(self, *, block: bool) -> dict[int, list[int] | None]:
         started = time.perf_counter()
-        results = self.envs.collect_steps(fresh_s=self.step_wait_s,
-                                          wait_s=math.inf if block else 0.0)
-        observations: dict[int, list[int] | None] = {}
+        observations: dict[int, list[int] | None] = dict(self.unstepped)
+        self.unstepped.clear()
+        results = self.envs.collect_steps(
+            fresh_s=self.step_wait_s, wait_s=math.inf if block and not observations else 0.0)
         for result in results:
             j = self.request[result.handle]
             i = self.playing[j]
             observations[j] = None
             self.continued[i] = False
             if not result.ok:
-                self.status[i] = EpisodeStatus(result.status)
+                if (result.status == EpisodeStatus.CRASHED
+                        and self.step_error_reward is not None):
+                    self.rewards[i].append(self.step_error_reward)
+                    self.terminated[i] = True
+                    self.status[i] = EpisodeStatus.ENV_ERROR
+                else:
+                    self.status[i] = EpisodeStatus(result.status)
                 continue
             self.rewards[i].append(float(result.reward))
             if result.terminated or result.truncated:
@@ -258,6 +278,7 @@ def play_episodes(
     step_wait_s: float = math.inf,
     timer=None,
     to_action: Callable[[str], str] = str,
+    step_error_reward: float | None = None,
 ) -> list[Episode]:
     """Play every spec to the end (or `max_turns`) and return one Episode per spec.
 
@@ -276,7 +297,11 @@ def play_episodes(
     seed in [0, 2**31). `system_prompt=None` starts the conversation with the observation alone
     (benchmarks whose reference sends no system message); an episode start's own
     `system_prompt` replaces it. `to_action` makes the action `step` receives of a decoded
-    reply (default: the reply itself; SPADE's plays pass `GameType.agent_action`).
+    reply (default: the reply itself; SPADE's plays pass `GameType.agent_action`). With
+    `step_error_reward`, a step that crashes (raises, breaks the contract, kills its worker)
+    ends its episode terminated with that reward, status 'env_error', as the reference's
+    environment wrapper answers an error (None: the episode fails, status 'crashed'). A spec's
+    `end_on_cut_reply` ends its episode, unstepped, at a reply cut by the token budget.
     """
     started = time.perf_counter()
     n = len(specs)
@@ -296,7 +321,9 @@ def play_episodes(
     env_turns = _EnvironmentTurns(envs, starts, chat, max_turns=max_turns,
                                   max_observation_tokens=max_observation_tokens,
                                   step_wait_s=step_wait_s, playing=playing,
-                                  to_action=to_action)
+                                  to_action=to_action,
+                                  end_on_cut_reply=[s.end_on_cut_reply for s in specs],
+                                  step_error_reward=step_error_reward)
     engine = Engine(sampler, slots=max(len(playing), 1), capacity=capacity)
     served = engine.run([Request(prompts[i], decoding.max_new_tokens) for i in playing],
                         replies=env_turns,

@@ -183,7 +183,7 @@ class Runtime:
             system_prompt=s.game_type.agent_system_prompt, max_turns=s.max_turns,
             decoding=decoding, seed=seed, capacity=capacity,
             step_wait_s=self.run.sandbox.step_wait_s, timer=self.timer,
-            to_action=s.game_type.agent_action)
+            to_action=s.game_type.agent_action, step_error_reward=s.step_errors.reward)
         self._generated_tokens += sum(e.generated_tokens for e in episodes)
         return episodes
 

@@ -52,6 +52,7 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
     envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0, hint=f"h{i}")
             for i in range(2)]
     spade = SimpleNamespace(no_hint_plays=lambda n_envs: 3, hint_plays_per_env=5,
+                            cut_reply_truncates=True,
                             failed_plays=FailedPlays.DROP)
     agent = Decoding(0.6, 0.95, 20, 8)
     plays = play_pool(SimpleNamespace(play=play), spade, agent, 0, 4, envs, {"env0"})
@@ -61,6 +62,8 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
     assert [e.spec.env_id for e in hinted.episodes] == ["env0"] * 8
     assert [e.spec.hint for e in hinted.nohint] == [None] * 3
     assert [e.spec.hint for e in hinted.hinted] == ["h0"] * 5
+    # as the reference's arms: a cut reply ends a no-hint play, a hint play steps it
+    assert [e.spec.end_on_cut_reply for e in hinted.episodes] == [True] * 3 + [False] * 5
     assert [e.spec.seed for e in hinted.nohint] == [e.spec.seed for e in hinted.hinted][:3]
     assert len({e.spec.seed for e in hinted.hinted}) == 5
     assert hinted.stats.r_nohint == 0.0 and hinted.stats.r_hint == 1.0
