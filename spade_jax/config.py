@@ -283,6 +283,7 @@ class SpadeConfig:
     top_up: bool = False  # likewise
     step_errors: StepErrors = StepErrors.FAIL  # likewise
     cut_reply_truncates: bool = False  # likewise
+    game_turns: bool = False  # likewise
 
     def no_hint_plays(self, n_envs: int) -> int:
         """K of a cycle that plays `n_envs` environments: `plays_per_env`, raised with

@@ -159,6 +159,9 @@ def base_config() -> ml_collections.ConfigDict:
     # there, unstepped, truncated (return 0), as the reference's no-hint arm; its hint arm
     # steps the cut reply, as ours
     c.spade.cut_reply_truncates = True
+    # A played environment keeps the turn limit its constructor sets by default, capped at
+    # spade.max_turns (reference respect_game_max_turns); False: every game gets max_turns
+    c.spade.game_turns = True
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
     c.spade.game_type = GameType.GAME.value  # game | tool_use

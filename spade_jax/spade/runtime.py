@@ -126,7 +126,8 @@ class Runtime:
                                reserved_bytes=self.resident.beside_sampler,
                                **run.sampling.sampler_options())
         max_turns = run.spade.max_turns
-        self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns)
+        self.pool = EnvPool(run.sandbox, warm=run.sandbox.warm_workers, max_turns=max_turns,
+                            game_turns=run.spade.game_turns)
         self.validation_pool = EnvPool(run.sandbox, warm=2, max_turns=max_turns)
         self.envs = SandboxEnvRunner(self.pool, max_turns)
         if jax.process_count() > 1:  # each host runs the environments of its own rows

@@ -93,6 +93,36 @@ def test_truncation_after_max_turns(pool):
     pool.close(first.handle)
 
 
+TURN_LIMITED = """
+class TurnLimitedEnv:
+    def __init__(self, max_turns=DEFAULT):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.n = 0
+        return "go", {}
+    def step(self, action):
+        self.n += 1
+        return "again", 0.0, False, self.n >= self.max_turns, {}
+"""
+
+
+@pytest.mark.parametrize("game_turns, default, truncated_at", [
+    (True, "3", 3),  # the game's own limit (reference respect_game_max_turns)
+    (True, "9", 5),  # capped at the pool's
+    (True, "None", 5),  # no limit of its own: the pool's
+    (False, "3", 5),  # every game gets the pool's
+])
+def test_a_game_keeps_its_own_turn_limit_with_game_turns(game_turns, default, truncated_at):
+    from spade_jax.envs.sandbox import EnvPool
+    from tests.envs.conftest import TEST_CONFIG
+
+    code = TURN_LIMITED.replace("DEFAULT", default)
+    with EnvPool(TEST_CONFIG, warm=1, max_turns=5, game_turns=game_turns) as limited:
+        handle = limited.start(code, seed=0).handle
+        results = [limited.step(handle, "x") for _ in range(truncated_at)]
+    assert [r.truncated for r in results] == [False] * (truncated_at - 1) + [True]
+
+
 def test_many_concurrent_episodes_in_completion_order(pool):
     starts = pool.start_many([(case("good_guess"), seed) for seed in range(24)])
     assert all(s.ok for s in starts)

@@ -18,7 +18,9 @@ episode's calls together past `play_timeout_s`; the worker's process group was k
 crashed or timed-out episode is over: its worker is gone and further calls on the handle return
 "crashed" at once. `call` also returns "error" when a
 method raised but the worker is still alive. After `max_turns` steps a non-terminated episode
-reports `truncated=True`, as gymnasium's TimeLimit does.
+reports `truncated=True`, as gymnasium's TimeLimit does; with `game_turns` an environment is
+built with its constructor's default `max_turns`, capped at `max_turns`, for its own
+truncation.
 """
 
 import collections
@@ -126,11 +128,11 @@ class EnvPool:
     """Owns the warm workers and the live episodes; see the module docstring for the API."""
 
     def __init__(self, config: SandboxConfig | None = None, *, warm: int = 4, max_turns: int = 25,
-                 max_concurrent_calls: int | None = None):
+                 max_concurrent_calls: int | None = None, game_turns: bool = False):
         config = config or SandboxConfig()
         self.layers, self.config = probe_layers(config)
         self.warm_size = warm
-        self.max_turns = max_turns
+        self.max_turns, self.game_turns = max_turns, game_turns
         self.max_concurrent_calls = max_concurrent_calls or 8 * (os.cpu_count() or 1)
         self._warm: collections.deque[WorkerProcess] = collections.deque()
         self._episodes: dict[int, _Episode] = {}
@@ -294,8 +296,8 @@ class EnvPool:
         episode = _Episode(self._take_worker(), turns)
         handle, self._next_handle = self._next_handle, self._next_handle + 1
         self._episodes[handle] = episode
-        job = _Job(handle, episode, [{"op": "load", "code": code, "max_turns": turns}] + then,
-                   self.config.start_timeout_s)
+        load = {"op": "load", "code": code, "max_turns": turns, "game_turns": self.game_turns}
+        job = _Job(handle, episode, [load] + then, self.config.start_timeout_s)
         if len(code.encode()) > self.config.max_code_bytes:
             job.status, job.error = CRASHED, f"code exceeds {self.config.max_code_bytes} bytes"
         return job

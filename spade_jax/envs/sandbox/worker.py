@@ -135,7 +135,10 @@ class Worker:
         while view:
             view = view[os.write(self.reply_fd, view):]
 
-    def load(self, code: str, max_turns: int) -> dict:
+    def load(self, code: str, max_turns: int, game_turns: bool = False) -> dict:
+        """Instantiate the code's one *Env class with `max_turns`; with `game_turns`, with its
+        own default `max_turns` capped at `max_turns` (the reference's respect_game_max_turns:
+        a game that truncates itself at its own limit keeps its designed pacing)."""
         exec(compile(code, "<designer_env>", "exec"), self.namespace)
         classes = sorted(
             name for name, value in self.namespace.items()
@@ -146,6 +149,15 @@ class Worker:
             return {"ok": False, "kind": "contract",
                     "error": f"expected exactly one top-level *Env class, found {classes}"}
         cls = self.namespace[classes[0]]
+        if game_turns:
+            try:
+                self.env = cls()
+            except TypeError:
+                self.env = cls(max_turns=max_turns)
+            own = getattr(self.env, "max_turns", None)
+            turns = min(own, max_turns) if type(own) is int and own > 0 else max_turns
+            self.env.max_turns = turns
+            return {"ok": True, "env_class": classes[0]}
         try:
             self.env = cls(max_turns=max_turns)
         except TypeError:
@@ -173,7 +185,8 @@ class Worker:
             request = json.loads(line)
             op = request["op"]
             if op == "load":
-                reply = self.load(request["code"], request["max_turns"])
+                reply = self.load(request["code"], request["max_turns"],
+                                  bool(request.get("game_turns")))
             elif op == "call":
                 reply = self.call(
                     request["method"], request.get("args", []), request.get("kwargs", {})
