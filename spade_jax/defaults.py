@@ -162,6 +162,10 @@ def base_config() -> ml_collections.ConfigDict:
     # A played environment keeps the turn limit its constructor sets by default, capped at
     # spade.max_turns (reference respect_game_max_turns); False: every game gets max_turns
     c.spade.game_turns = True
+    # An environment with a timed-out play is left out of later cycles until the pool is
+    # replaced (True), or played again next cycle as the reference, whose orchestrator and its
+    # hung-game blacklist are rebuilt every rollout (False)
+    c.spade.keep_blacklist = False
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
     c.spade.game_type = GameType.GAME.value  # game | tool_use

@@ -66,6 +66,7 @@ class HintStatus(enum.StrEnum):
 
 HINT_TEMPLATE = "{first_observation}\n\nHINT: {hint}"
 MAX_HINT_WORDS = 100
+HINT_ATTEMPTS = 3  # reference SelfHintGenerator.generate_hint_with_retry: an empty reply retried
 
 _THINK = re.compile(r"<think>.*?(</think>|\Z)", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"^```[\w-]*\s*\n?(.*?)\n?```$", re.DOTALL)

@@ -194,17 +194,20 @@ def run_designer(
 
 def write_hints(rt, s: SpadeConfig, sampling: SamplingConfig, envs: list[DesignedEnv],
                 rng) -> None:
-    """Fill `env.hint` per the hint mode (the env runner leak-checks it per episode)."""
-    if not envs:
-        return
+    """Fill `env.hint` per the hint mode (the env runner leak-checks it per episode); an empty
+    reply is asked again, up to `hints.HINT_ATTEMPTS` calls in all, as the reference."""
     if s.hint_mode == HintMode.DESIGNER:
         for env in envs:
             env.hint = ENV_HINT
         return
-    completions = rt.generate([hint_lib.hint_messages(e.code, s.game_type) for e in envs],
-                              sampling.hint, seed=int(rng.integers(SEED_LIMIT)))
-    for env, completion in zip(envs, completions, strict=True):
-        env.hint = hint_lib.clean_hint(completion.text) or ""
+    for _ in range(hint_lib.HINT_ATTEMPTS):
+        if not envs:
+            return
+        completions = rt.generate([hint_lib.hint_messages(e.code, s.game_type) for e in envs],
+                                  sampling.hint, seed=int(rng.integers(SEED_LIMIT)))
+        for env, completion in zip(envs, completions, strict=True):
+            env.hint = hint_lib.clean_hint(completion.text) or ""
+        envs = [e for e, c in zip(envs, completions, strict=True) if not c.text]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,9 +335,10 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     plays = (play_pool(rt, s, run.sampling.agent, run.seed, state.cycle, played_envs, hinted_ids)
              if played_envs else [])
 
-    for played in plays:
-        if any(e.status == EpisodeStatus.TIMEOUT for e in played.episodes):
-            state.blacklist.add(played.env.env_id)
+    timed_out = {p.env.env_id for p in plays
+                 if any(e.status == EpisodeStatus.TIMEOUT for e in p.episodes)}
+    if s.keep_blacklist:
+        state.blacklist |= timed_out
 
     # Agent: per-environment z-scores over the no-hint plays that count (failed ones dropped
     # before normalising, `spade.failed_plays`); hint plays are never trained.
@@ -362,7 +366,7 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     n_agent = s.role_scale_counts.agent_count(len(agent_samples), sum(from_pool))
 
     if regen and attempts and not s.no_designer_training:
-        state.pending_designs += pending_designs_for(rt, state, attempts, plays,
+        state.pending_designs += pending_designs_for(rt, state, attempts, plays, timed_out,
                                                      due=state.cycle + s.designer_delay)
     record_plays(state.pending_designs, state.cycle,
                  {p.env.env_id: p.nohint_returns for p in plays})
@@ -385,9 +389,10 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
     return metrics
 
 
-def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
+def pending_designs_for(rt, state, attempts, plays: list[EnvPlays], timed_out: set[str],
                         due: int) -> list[PendingDesign]:
-    """Every scored Designer attempt of this regen cycle as a sample waiting for `due`.
+    """Every scored Designer attempt of this regen cycle as a sample waiting for `due`, with
+    status `step_timeout` when one of its plays (`timed_out`) timed out.
 
     A valid duplicate of a memory environment is neither played nor trained.
     """
@@ -397,9 +402,8 @@ def pending_designs_for(rt, state, attempts, plays: list[EnvPlays],
         env_id = env_id_for(state.cycle, attempt.slot, attempt.skill)
         if not attempt.valid:
             status, r_hint = DesignerStatus.INVALID, 0.0
-        elif env_id in by_env:  # a timeout in its plays has blacklisted it
-            status = (DesignerStatus.STEP_TIMEOUT if env_id in state.blacklist
-                      else DesignerStatus.OK)
+        elif env_id in by_env:
+            status = DesignerStatus.STEP_TIMEOUT if env_id in timed_out else DesignerStatus.OK
             r_hint = by_env[env_id].r_hint or 0.0
         else:
             continue

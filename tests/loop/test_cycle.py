@@ -178,6 +178,39 @@ def test_a_short_pool_is_topped_up_between_regenerations_and_the_top_up_never_tr
     assert [e["top_up"] for e in host["state"]["pool"]] == [False, True]
 
 
+@pytest.mark.parametrize("keep_blacklist", [False, True])
+def test_a_timed_out_environment_is_played_again_next_cycle_unless_blacklist_is_kept(
+        tmp_path, tiny_runtime, scripted_designer, monkeypatch, keep_blacklist):
+    """The reference rebuilds its orchestrator, and so its hung-game blacklist, every rollout:
+    an environment whose play timed out is played again at the next one."""
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 2  # regen_interval 2: cycle 1 plays cycle 0's pool
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.keep_blacklist = keep_blacklist
+    cfg.spade.designer_delay, cfg.spade.final_flush = 4, False  # both designs still wait
+    play, cycles = tiny_runtime.play, []
+
+    def first_play_times_out_at_cycle_0(specs, decoding, *, seed):
+        episodes = play(specs, decoding, seed=seed)
+        cycles.append(sorted({s.env_id for s in specs}))
+        if len(cycles) == 1:
+            episodes[0].status = EpisodeStatus.TIMEOUT
+        return episodes
+
+    monkeypatch.setattr(tiny_runtime, "play", first_play_times_out_at_cycle_0)
+    first, second = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    assert first["envs/played"] == 2 and first["episodes/failed"] == 1
+    assert second["envs/played"] == (1 if keep_blacklist else 2)
+    assert cycles[1] == cycles[0][1:] if keep_blacklist else cycles[1] == cycles[0]
+    from spade_jax.checkpoint import Checkpointer
+
+    ck = Checkpointer(str(tmp_path))
+    _, host = ck.restore(2, tiny_runtime.device_state())
+    ck.close()
+    waiting = host["state"]["pending_designs"]
+    assert [d["status"] for d in waiting] == ["step_timeout", "ok"]  # either way
+
+
 def test_a_variant_without_regret_plays_no_hint(tmp_path, tiny_runtime, scripted_designer):
     """As the reference, which computes hints for `regret` and `blend` only."""
     cfg = load_config_file("tiny")

@@ -1,6 +1,9 @@
 """The cycle's play metrics count the hint plays that were shown no hint, and why."""
 
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
 
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.loop import EnvPlays, play_metrics
@@ -35,7 +38,6 @@ def test_hint_plays_shown_no_hint_are_counted_by_reason():
 def test_play_pool_pairs_each_envs_plays_by_seed():
     """K no-hint plays of every env; K_hint hint plays only of the hinted ones, play i < K on
     no-hint play i's seed; every play sampled with the Agent's decoding."""
-    from types import SimpleNamespace
 
     from spade_jax.spade.loop import play_pool
     from spade_jax.spade.rewards import FailedPlays
@@ -92,3 +94,28 @@ def test_hint_plays_that_dropped_their_hint_do_not_count_for_regret():
     assert scored([(1.0, "h"), (0.5, None)]).r_hint == 1.0
     leaked = scored([(1.0, None), (1.0, None)])
     assert leaked.r_hint == 0.0 and leaked.regret == 0.0 and leaked.n_hint == 0
+
+
+@pytest.mark.parametrize("replies, calls, hints", [
+    ([["", "use the map"], [""], ["go north first"]], [2, 1, 1],
+     ["go north first", "use the map"]),
+    ([[""], [""], [""], ["never asked"]], [1, 1, 1], [""]),  # three calls at most
+])
+def test_an_empty_hint_reply_is_asked_again_up_to_three_calls(replies, calls, hints):
+    """As the reference's SelfHintGenerator.generate_hint_with_retry."""
+    from spade_jax.sampling import Completion
+    from spade_jax.spade.hints import HintMode
+    from spade_jax.spade.loop import write_hints
+    from spade_jax.spade.prompts import GameType
+
+    answers, asked = iter(replies), []
+
+    def generate(messages_list, decoding, seed):
+        asked.append(len(messages_list))
+        return [Completion(text, [], [], "stop") for text in next(answers)]
+
+    envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0) for i in range(len(hints))]
+    write_hints(SimpleNamespace(generate=generate),
+                SimpleNamespace(hint_mode=HintMode.SELF, game_type=GameType.GAME),
+                SimpleNamespace(hint=None), envs, np.random.default_rng(0))
+    assert asked == calls and [e.hint for e in envs] == hints
