@@ -89,6 +89,10 @@ def learning_config(tokenizer_dir: Path, vocab_size: int):
     c.spade.replay_per_cycle = 0
     c.spade.hint_mode = "designer"
     c.spade.no_corpus = True
+    # one-token answers never end on EOS; each test sizes its own cycle's plays and designs
+    c.spade.cut_reply_truncates = False
+    c.spade.fill_batch = False
+    c.spade.top_up = False
     c.sandbox.warm_workers = 8
     c.checkpoint_every = 10_000
     return c
