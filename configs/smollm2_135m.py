@@ -30,6 +30,9 @@ def get_config():
     # reference True: filling the 192-sample batch would play one environment 64 times or more
     c.spade.fill_batch = False
     c.spade.top_up = False  # reference True: a Designer call costs a CPU cycle minutes
+    # reference True: at 48 tokens an answer is cut by the CPU budget, not by rambling, and
+    # ending every play there would leave one-turn plays of return 0
+    c.spade.cut_reply_truncates = False
     c.spade.max_turns = 4
     c.spade.max_attempts = 2
     # Memory replays (reference: none): without them a small model, which rarely writes a

@@ -30,10 +30,9 @@ from tests.commands import ROOT, one_device_xla_flags
 BUCKET = "spade-test"
 CACHE_LINE = re.compile(r"compilation cache (\S+): (\d+) hits, (\d+) misses")
 # Two cycles, a new Designer batch each: the killed run dies in the second, which the resumed
-# run then plays from the first one's checkpoint. A random model's replies rarely end on EOS:
-# with cut replies ending plays, cycle 1 could finish before the kill.
-RUN_ARGS = ["--config.total_cycles=2", "--config.spade.regen_interval=1",
-            "--config.spade.cut_reply_truncates=False"]
+# run then plays from the first one's checkpoint (tiny's plays are multi-turn, so cycle 1
+# lasts past the kill).
+RUN_ARGS = ["--config.total_cycles=2", "--config.spade.regen_interval=1"]
 
 
 def start_run(workdir, log, env_extra=None) -> subprocess.Popen:
