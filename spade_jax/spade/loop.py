@@ -265,7 +265,9 @@ def play_pool(rt, s: SpadeConfig, agent: Decoding, run_seed: int, cycle: int,
         seeds = [episode_seed(run_seed, cycle, env.env_id, i) for i in range(max(k, k_hint))]
         hinted = None
         if env.env_id in hinted_ids:  # no hint written: no hint plays
-            hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint)
+            hinted = ([EpisodeSpec(env.env_id, env.code, sd, hint=env.hint,
+                                   end_on_cut_reply=s.cut_reply_truncates
+                                   and s.game_type.hint_plays_end_on_cut_reply)
                        for sd in seeds[:k_hint]] if env.hint else [])
         spec_pairs.append(([EpisodeSpec(env.env_id, env.code, sd,
                                         end_on_cut_reply=s.cut_reply_truncates)

@@ -71,6 +71,13 @@ class GameType(enum.StrEnum):
         return reply.strip() if self.is_tool_use else boxed_action(reply)
 
     @property
+    def hint_plays_end_on_cut_reply(self) -> bool:
+        """Whether a hint play also ends at a reply cut by its token budget (with
+        `spade.cut_reply_truncates`): in tool use, where the reference plays both arms through
+        its native tool-call loop and its EOS check; not in a game, whose hint arm steps it."""
+        return self.is_tool_use
+
+    @property
     def hint_system_prompt(self) -> str:
         return TOOL_USE_HINT_SYSTEM_PROMPT if self.is_tool_use else GAME_HINT_SYSTEM_PROMPT
 

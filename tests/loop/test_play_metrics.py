@@ -7,6 +7,7 @@ import pytest
 
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.loop import EnvPlays, play_metrics
+from spade_jax.spade.prompts import GameType
 from spade_jax.spade.rollout import Episode, EpisodeSpec
 
 
@@ -54,7 +55,7 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
     envs = [DesignedEnv(f"env{i}", "Optimization", f"code{i}", None, 0, hint=f"h{i}")
             for i in range(2)]
     spade = SimpleNamespace(no_hint_plays=lambda n_envs: 3, hint_plays_per_env=5,
-                            cut_reply_truncates=True,
+                            cut_reply_truncates=True, game_type=GameType.GAME,
                             failed_plays=FailedPlays.DROP)
     agent = Decoding(0.6, 0.95, 20, 8)
     plays = play_pool(SimpleNamespace(play=play), spade, agent, 0, 4, envs, {"env0"})
@@ -64,8 +65,13 @@ def test_play_pool_pairs_each_envs_plays_by_seed():
     assert [e.spec.env_id for e in hinted.episodes] == ["env0"] * 8
     assert [e.spec.hint for e in hinted.nohint] == [None] * 3
     assert [e.spec.hint for e in hinted.hinted] == ["h0"] * 5
-    # as the reference's arms: a cut reply ends a no-hint play, a hint play steps it
+    # as the reference's arms: a cut reply ends a no-hint play, a game's hint play steps it,
+    # a tool-use hint play (the reference's tool-call loop for both arms) ends too
     assert [e.spec.end_on_cut_reply for e in hinted.episodes] == [True] * 3 + [False] * 5
+    tool_use = SimpleNamespace(**{**vars(spade), "game_type": GameType.TOOL_USE})
+    (tool_hinted, _) = play_pool(SimpleNamespace(play=play), tool_use, agent, 0, 4, envs,
+                                 {"env0"})
+    assert [e.spec.end_on_cut_reply for e in tool_hinted.episodes] == [True] * 8
     assert [e.spec.seed for e in hinted.nohint] == [e.spec.seed for e in hinted.hinted][:3]
     assert len({e.spec.seed for e in hinted.hinted}) == 5
     assert hinted.stats.r_nohint == 0.0 and hinted.stats.r_hint == 1.0
@@ -106,7 +112,6 @@ def test_an_empty_hint_reply_is_asked_again_up_to_three_calls(replies, calls, hi
     from spade_jax.sampling import Completion
     from spade_jax.spade.hints import HintMode
     from spade_jax.spade.loop import write_hints
-    from spade_jax.spade.prompts import GameType
 
     answers, asked = iter(replies), []
 
