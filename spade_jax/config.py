@@ -285,6 +285,7 @@ class SpadeConfig:
     cut_reply_truncates: bool = False  # likewise
     game_turns: bool = False  # likewise
     keep_blacklist: bool = True  # likewise (True: how those runs played)
+    keep_last_pool: bool = True  # likewise
 
     def no_hint_plays(self, n_envs: int) -> int:
         """K of a cycle that plays `n_envs` environments: `plays_per_env`, raised with

@@ -166,6 +166,10 @@ def base_config() -> ml_collections.ConfigDict:
     # replaced (True), or played again next cycle as the reference, whose orchestrator and its
     # hung-game blacklist are rebuilt every rollout (False)
     c.spade.keep_blacklist = False
+    # A regeneration that admits no environment leaves the pool empty, as the reference deletes
+    # the last rollout's games first (with top_up the next cycle designs a full pool), or keeps
+    # the last pool for the Agent (True)
+    c.spade.keep_last_pool = False
     c.spade.max_turns = 25
     c.spade.max_attempts = 5
     c.spade.game_type = GameType.GAME.value  # game | tool_use

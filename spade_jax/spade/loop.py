@@ -300,13 +300,12 @@ def run_cycle(rt, run: RunConfig, state: HostState, corpus, artifacts) -> dict[s
                                           slots=s.games_per_cycle)
         metrics.update(validation_metrics(attempts, self_validation=s.self_validation))
         metrics["novelty"] = state.memory.novelty([e.code for e in admitted]).novelty
-        if admitted:
-            state.pool = admitted
-            designed = {e.env_id for e in admitted}
-        elif state.pool:
-            rt.log("no valid environment this cycle: the Agent keeps training on the last pool")
-        else:
-            rt.log("no valid environment yet: the Agent trains on memory environments")
+        designed = {e.env_id for e in admitted}
+        if admitted or not s.keep_last_pool:
+            state.pool = admitted  # the reference deletes the last pool's games at a regen
+        if not admitted:
+            rt.log("no valid environment this cycle: the Agent plays "
+                   + ("the last pool" if state.pool else "memory replays only, if any"))
     elif s.top_up and len(state.pool) < s.games_per_cycle:
         # reference Stage 2: a games dir short of its games is refilled at the next rollouts;
         # without a hint phase those designs carry no reward signal, so they are not trained

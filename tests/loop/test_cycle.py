@@ -211,6 +211,32 @@ def test_a_timed_out_environment_is_played_again_next_cycle_unless_blacklist_is_
     assert [d["status"] for d in waiting] == ["step_timeout", "ok"]  # either way
 
 
+@pytest.mark.parametrize("keep_last_pool", [False, True])
+def test_a_regeneration_without_a_valid_design_empties_the_pool_unless_kept(
+        tmp_path, tiny_runtime, scripted_designer, monkeypatch, keep_last_pool):
+    """The reference deletes the last rollout's games before it designs: when none of the new
+    designs is valid, its Agent has nothing to play (and the top-up refills the pool next)."""
+    cfg = load_config_file("tiny")
+    cfg.total_cycles = 2
+    cfg.spade.regen_interval = 1  # cycle 1 designs again, and fails
+    cfg.spade.replay_per_cycle = 0
+    cfg.spade.keep_last_pool = keep_last_pool
+    scripted, calls = tiny_runtime.generate, []
+
+    def invalid_after_cycle_0(messages_list, *args, **kwargs):
+        calls.append(len(messages_list))
+        out = scripted(messages_list, *args, **kwargs)
+        if len(calls) > 1:
+            tokens = tiny_runtime.tokenizer.encode("no code", add_special_tokens=False)
+            out = [Completion("no code", tokens, [-1.0] * len(tokens), "stop")] * len(out)
+        return out
+
+    monkeypatch.setattr(tiny_runtime, "generate", invalid_after_cycle_0)
+    first, second = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
+    assert first["envs/played"] == 2 and second["designer/valid_rate"] == 0.0
+    assert second["envs/played"] == (2 if keep_last_pool else 0)
+
+
 def test_a_variant_without_regret_plays_no_hint(tmp_path, tiny_runtime, scripted_designer):
     """As the reference, which computes hints for `regret` and `blend` only."""
     cfg = load_config_file("tiny")

@@ -38,9 +38,10 @@ REFERENCE_DEFAULTS = {
     "spade.top_up": True,  # orchestrator Stage 2: len(game_files) < min_games designs the rest
     # SyntheticGameEnv.step answers a raising step with -1, terminated; orchestrator hit_eos
     "spade.step_errors": "lose", "spade.cut_reply_truncates": True,
-    "spade.game_turns": True,
+    "spade.game_turns": True,  # make_synthetic_env(respect_game_max_turns=True) for plays
     # spade_rollout.py builds a new orchestrator, so an empty _hung_game_blacklist, per rollout
-    "spade.keep_blacklist": False,  # make_synthetic_env(respect_game_max_turns=True) for plays
+    "spade.keep_blacklist": False,
+    "spade.keep_last_pool": False,  # orchestrator Stage 1 cleanup_old_games at every regen
     "spade.failed_plays": "drop", "spade.penalize_invalid": False, "spade.designer_delay": 4,
     "spade.final_flush": True, "spade.lp_update": "before_scoring",
     "spade.role_scale_counts": "valid", "spade.regen_interval": 4, "spade.max_turns": 25,
