@@ -54,6 +54,23 @@ def test_any_run_seed_runs_a_cycle(tmp_path, tiny_runtime, seed):
     assert [json.loads(line)["cycle"] for line in lines] == [0]
 
 
+def spoil_designs(runtime, monkeypatch, spoiled) -> list[int]:
+    """Wrap the scripted Designer so that the answers `spoiled(call, n_answers)` of its call
+    `call` (from 0) hold no code (invalid designs); returns the prompt count of each call."""
+    scripted, asked = runtime.generate, []
+    tokens = runtime.tokenizer.encode("no code", add_special_tokens=False)
+
+    def generate(messages_list, *args, **kwargs):
+        out = scripted(messages_list, *args, **kwargs)
+        for i in spoiled(len(asked), len(out)):
+            out[i] = Completion("no code", tokens, [-1.0] * len(tokens), "stop")
+        asked.append(len(messages_list))
+        return out
+
+    monkeypatch.setattr(runtime, "generate", generate)
+    return asked
+
+
 @pytest.fixture
 def scripted_designer(tiny_runtime, monkeypatch):
     """The Designer answers with seed environments; everything else is the real model."""
@@ -149,17 +166,7 @@ def test_a_short_pool_is_topped_up_between_regenerations_and_the_top_up_never_tr
     cfg.total_cycles = 2  # regen_interval 2: cycle 1 is not a regen cycle
     cfg.spade.replay_per_cycle = 0
     cfg.spade.top_up = True
-    scripted, asked = tiny_runtime.generate, []
-
-    def second_design_fails(messages_list, *args, **kwargs):
-        asked.append(len(messages_list))
-        out = scripted(messages_list, *args, **kwargs)
-        if len(asked) == 1:
-            tokens = tiny_runtime.tokenizer.encode("no code", add_special_tokens=False)
-            out[1] = Completion("no code", tokens, [-1.0] * len(tokens), "stop")
-        return out
-
-    monkeypatch.setattr(tiny_runtime, "generate", second_design_fails)
+    asked = spoil_designs(tiny_runtime, monkeypatch, lambda call, n: [1] if call == 0 else [])
     first, second = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
     assert asked == [2, 1]  # the top-up asks for the missing slot only
     assert first["designer/valid_rate"] == 0.5 and first["envs/played"] == 1
@@ -221,17 +228,7 @@ def test_a_regeneration_without_a_valid_design_empties_the_pool_unless_kept(
     cfg.spade.regen_interval = 1  # cycle 1 designs again, and fails
     cfg.spade.replay_per_cycle = 0
     cfg.spade.keep_last_pool = keep_last_pool
-    scripted, calls = tiny_runtime.generate, []
-
-    def invalid_after_cycle_0(messages_list, *args, **kwargs):
-        calls.append(len(messages_list))
-        out = scripted(messages_list, *args, **kwargs)
-        if len(calls) > 1:
-            tokens = tiny_runtime.tokenizer.encode("no code", add_special_tokens=False)
-            out = [Completion("no code", tokens, [-1.0] * len(tokens), "stop")] * len(out)
-        return out
-
-    monkeypatch.setattr(tiny_runtime, "generate", invalid_after_cycle_0)
+    spoil_designs(tiny_runtime, monkeypatch, lambda call, n: range(n) if call > 0 else [])
     first, second = run_training(cfg, str(tmp_path), runtime=tiny_runtime)
     assert first["envs/played"] == 2 and second["designer/valid_rate"] == 0.0
     assert second["envs/played"] == (2 if keep_last_pool else 0)
