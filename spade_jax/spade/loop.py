@@ -219,7 +219,9 @@ class EnvPlays:
     A hint play counts only if it was shown the hint: when none was (the hint call gave
     nothing, or every episode dropped the hint as empty or leaking), the hint side has mean
     0, as the reference's regret when hint generation fails, rather than the return of
-    plays without a hint, whose noise a floored regret would reward."""
+    plays without a hint, whose noise a floored regret would reward. A hint play that failed
+    (crashed or timed out) counts as `FailedPlays.hint_return` says: 0 by default, as the
+    reference's hint arm, which scores a game that failed to load or hung 0."""
 
     env: DesignedEnv
     nohint: list[Episode]
@@ -232,7 +234,7 @@ class EnvPlays:
                failed_plays: FailedPlays = FailedPlays.DROP) -> EnvPlays:
         """The plays of `env` with the statistics of those that count."""
         hint_returns = (None if hinted is None else [
-            e.episode_return for e in failed_plays.kept(hinted) if e.hint is not None])
+            failed_plays.hint_return(e) for e in hinted if e.failed or e.hint is not None])
         stats = regret.play_stats(env.env_id, env.skill,
                                   [e.episode_return for e in failed_plays.kept(nohint)],
                                   hint_returns,

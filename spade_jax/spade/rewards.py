@@ -43,6 +43,12 @@ class FailedPlays(enum.StrEnum):
         """The plays (objects with ``.failed``) that count under this mode."""
         return [e for e in episodes if not (self is FailedPlays.DROP and e.failed)]
 
+    def hint_return(self, episode: Any) -> float:
+        """What a hint play (with ``.failed``, ``.episode_return``) counts for: under DROP a
+        failed one counts 0, as the reference's hint arm returns 0 for a play whose game
+        failed to load or hung; under SCORE it scores like any failed play."""
+        return 0.0 if self is FailedPlays.DROP and episode.failed else episode.episode_return
+
 
 class StepErrors(enum.StrEnum):
     """What a step of a played environment that raises (or breaks the contract) does: LOSE

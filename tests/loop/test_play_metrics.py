@@ -8,6 +8,7 @@ import pytest
 from spade_jax.spade.designer import DesignedEnv
 from spade_jax.spade.loop import EnvPlays, play_metrics
 from spade_jax.spade.prompts import GameType
+from spade_jax.spade.rewards import FailedPlays
 from spade_jax.spade.rollout import Episode, EpisodeSpec
 
 
@@ -100,6 +101,23 @@ def test_hint_plays_that_dropped_their_hint_do_not_count_for_regret():
     assert scored([(1.0, "h"), (0.5, None)]).r_hint == 1.0
     leaked = scored([(1.0, None), (1.0, None)])
     assert leaked.r_hint == 0.0 and leaked.regret == 0.0 and leaked.n_hint == 0
+
+
+@pytest.mark.parametrize("failed_plays, r_hint", [
+    (FailedPlays.DROP, 1 / 3),  # (1 + 0 + 0) / 3: the reference's hint arm counts them 0
+    (FailedPlays.SCORE, -1 / 3),  # (1 - 1 - 1) / 3: scored -1 like any failed play
+])
+def test_a_failed_hint_play_counts_in_the_hint_mean(failed_plays, r_hint):
+    def hint_play(status, shown):
+        return Episode(EpisodeSpec("e", "c", 0, hint="h"), np.zeros(1, np.int32),
+                       np.zeros(1, bool), np.zeros(1, np.float32), [1.0], True, status, 1, 1,
+                       hint=shown)
+
+    hinted = [hint_play("ok", "h"), hint_play("timeout", "h"), hint_play("crashed", None),
+              hint_play("ok", None)]  # the last one's hint was dropped (our leak check)
+    stats = EnvPlays.scored(DesignedEnv("e", "Optimization", "c", None, 0),
+                            [episode(), episode()], hinted, failed_plays).stats
+    assert stats.n_hint == 3 and stats.r_hint == pytest.approx(r_hint)
 
 
 @pytest.mark.parametrize("replies, calls, hints", [

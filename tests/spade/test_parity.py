@@ -177,7 +177,8 @@ def test_failed_plays_are_dropped_before_normalising_or_scored_minus_one():
     assert dropped.trained == [nohint[0], nohint[1], nohint[3]]
     assert dropped.stats.r_nohint == pytest.approx(2 / 3)
     assert dropped.stats.win_rate == pytest.approx(2 / 3)
-    assert dropped.stats.r_hint == 1.0 and dropped.stats.n_failed == 2
+    # (1 + 0) / 2: the reference's hint arm scores a failed play 0 rather than dropping it
+    assert dropped.stats.r_hint == 0.5 and dropped.stats.n_failed == 2
     scored = EnvPlays.scored(env, nohint, hinted, R.FailedPlays.SCORE)
     assert scored.nohint_returns == [1.0, 0.0, -1.0, 1.0] and scored.trained == nohint
     assert scored.stats.r_nohint == pytest.approx(0.25)  # (1 + 0 - 1 + 1) / 4
