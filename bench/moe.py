@@ -1,6 +1,6 @@
 """Routed MoE layer vs the dense reference at Qwen3-30B-A3B's expert shapes, on this machine.
 
-    python bench/moe.py [--tokens 64] [--runs 3]
+    python bench/moe.py [--tokens 64] [--runs 3] [--tensor 8]
 
 One layer, float32, single device: D=2048, F=768, E=128, top-8, `--tokens` tokens. Prints the
 CPU model and JAX device, then the median forward time (after one warm-up) and the FLOPs from
@@ -10,11 +10,19 @@ every token) and for `moe.moe_mlp` (routed) with each grouped matmul: `tiled` (w
 Triton lowering of `ragged_dot` where this JAX has it. Each routed row gives its time and
 FLOP ratio to dense and its largest difference from dense. XLA's cost analysis on GPU leaves
 out library calls (cuBLAS), so FLOP ratios are meaningful on CPU only.
+
+`--tensor N` also runs the layer split over N 'tensor' ranks (N fake CPU devices on CPU, the
+first N GPUs on a GPU host) both ways `model.moe_sharding` offers: `experts` (E/N whole experts
+a rank, dropless buffers sized for the worst case) and `ffn` (every expert's F/N columns a
+rank, buffers of exactly the tokens' copies). Each row gives the time of the whole split layer
+(on CPU the N fake devices share this machine's cores, so it sums every rank's work), XLA's
+FLOPs per rank and their ratio to the one-device routed layer's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from unittest import mock
 
@@ -28,7 +36,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tensor", type=int, default=1,
+                        help="also time the layer split over this many 'tensor' ranks")
     args = parser.parse_args()
+    if args.tensor > 1:  # before JAX starts: the CPU platform's device count
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={args.tensor}")
 
     import jax
     import numpy as np
@@ -46,7 +59,7 @@ def main() -> None:
           f"({jax.device_count()} of {len(jax.devices()[0].client.devices())} visible)")
     print(f"one MoE layer, float32: {args.tokens} tokens, D={D}, F={F}, E={E}, top-{K}")
 
-    def measure(fn, triton=False):
+    def measure(fn, triton=False, operands=operands):
         if triton:
             jax.config.update(TRITON_FLAG, True)
         try:
@@ -80,6 +93,39 @@ def main() -> None:
         print(f"{name:<18} {seconds * 1e3:9.1f} ms  {flops / 1e9:9.2f} GFLOP (XLA)  "
               f"vs dense: time {seconds / dense_s:.2f}x, FLOPs {flops / dense_flops:.2f}x, "
               f"max |difference| {err:.1e}")
+        if grouped is moe.tiled_grouped_matmul:
+            routed_flops = flops
+    if args.tensor > 1:
+        split_layer(args.tensor, operands, measure, routed_flops, dense_out)
+
+
+def split_layer(n_ranks, operands, measure, routed_flops, dense_out) -> None:
+    """Rows of the layer split over `n_ranks` 'tensor' ranks, by expert and by hidden column."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from spade_jax.models import moe
+    from spade_jax.sharding import make_mesh
+
+    if jax.device_count() < n_ranks:
+        raise SystemExit(f"--tensor {n_ranks}: only {jax.device_count()} devices are visible")
+    mesh = make_mesh((1, 1, n_ranks), jax.devices()[:n_ranks])
+    print(f"split over {n_ranks} 'tensor' ranks ({jax.devices()[0].device_kind}; tokens "
+          "replicated over them, one psum combines the ranks):")
+    for sharding in moe.MoeSharding:
+        gate_axes, down_axes = sharding.weight_axes()
+        specs = (PartitionSpec(), PartitionSpec(), PartitionSpec(*gate_axes[1:]),
+                 PartitionSpec(*gate_axes[1:]), PartitionSpec(*down_axes[1:]))
+        placed = [jax.device_put(a, NamedSharding(mesh, spec))
+                  for a, spec in zip(operands, specs, strict=True)]
+        with jax.set_mesh(mesh):
+            seconds, flops, out = measure(
+                lambda *a, s=sharding: moe.moe_mlp(*a, sharding=s)[0], operands=placed)
+        err = float(np.abs(out - dense_out).max())
+        print(f"{'split, ' + sharding.value:<18} {seconds * 1e3:9.1f} ms  {flops / 1e9:9.2f} "
+              f"GFLOP per rank (XLA), {flops / routed_flops:.2f}x the one-device routed "
+              f"layer's; max |difference| from dense {err:.1e}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ delay 4, KL 0, Designer 16384 / Agent 8192 tokens per turn, context 32768, tempe
 top-p 0.95, top-k 20, hint 4096 tokens at 0.3, 16 hint plays, blend 0.6 / 0.4.
 
 Point model.source at a local HF checkpoint directory (e.g. copied from a gs:// bucket).
-Experts are sharded over the 'tensor' axis; see spade_jax/models/transformer.py.
+Each expert's 768 hidden columns are split over the 'tensor' axis (96 per rank;
+`model.moe_sharding`, spade_jax/models/moe.py).
 """
 
 from spade_jax.defaults import arch, base_config

@@ -115,7 +115,7 @@ class PolicyConfig:
     compute_dtype: str = "float32"
     attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
     moe_capacity_factor: float | None = None  # also set on `arch` by `parse`
-    moe_sharding: MoeSharding | None = MoeSharding.EXPERTS  # also set on `arch` by `parse`
+    moe_sharding: MoeSharding | None = MoeSharding.FFN  # also set on `arch` by `parse`
 
     def problems(self) -> list[str]:
         out = []

@@ -64,13 +64,16 @@ def base_config() -> ml_collections.ConfigDict:
     # Causal attention kernel: auto (splash on TPU, cuDNN on GPU in bf16/fp16, else xla),
     # xla, splash (Pallas; interpreted off TPU) or cudnn. Cached extends/decode run XLA.
     c.model.attention = AttentionKernel.AUTO.value
-    # Mixture of experts: None = dropless (the checkpoint's model); c = each expert-parallel
-    # rank computes at most c x its balanced share of token copies and drops the rest.
+    # Mixture of experts: None = dropless (the checkpoint's model); c = under
+    # moe_sharding=experts each rank computes at most c x its balanced share of token copies
+    # and drops the rest.
     c.model.moe_capacity_factor = ml_collections.config_dict.placeholder(float)
-    # How the experts split over mesh.tensor: experts (E/tp whole experts per rank; dropless
-    # buffers sized for the worst case) or ffn (every expert's F/tp columns per rank; exact
-    # buffers, narrower matmuls). See spade_jax/models/moe.py.
-    c.model.moe_sharding = MoeSharding.EXPERTS.value
+    # How the experts split over mesh.tensor: ffn (every expert's F/tp hidden columns per rank,
+    # as MaxText and Tunix split them over their tensor axis; buffers of exactly the tokens'
+    # copies, equal work per rank) or experts (E/tp whole experts per rank, expert parallelism;
+    # dropless buffers sized for the worst case, tp x the balanced work where the grouped
+    # matmul cannot skip empty tiles: CPU, GPU). See spade_jax/models/moe.py.
+    c.model.moe_sharding = MoeSharding.FFN.value
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))  # -1: fill with devices
 

@@ -70,7 +70,7 @@ class ModelConfig:
     # None: dropless). See `moe.buffer_rows`.
     moe_capacity_factor: float | None = None
     # Not architecture: how the experts split over 'tensor' (config key `model.moe_sharding`).
-    moe_sharding: MoeSharding = MoeSharding.EXPERTS
+    moe_sharding: MoeSharding = MoeSharding.FFN
 
     def __post_init__(self):
         for name, kind in (("attention", AttentionKernel), ("moe_sharding", MoeSharding),

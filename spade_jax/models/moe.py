@@ -12,8 +12,9 @@ Dispatch is an all-gather that costs nothing: tokens are already replicated over
 (sharded over data and fsdp only), so the combine is the same single [tokens, D] all-reduce
 the dense layer needed, where a ragged all-to-all would add two exchanges of the k copies for
 no saving at this layout.
-Each rank's grouped-matmul buffer is static (`buffer_rows`). FFN-split it holds exactly the
-tokens' N·k copies. Expert-split and dropless (the default) it has room for the worst case,
+Each rank's grouped-matmul buffer is static (`buffer_rows`). FFN-split (the default, as
+MaxText and Tunix split experts over their tensor axis) it holds exactly the tokens' N·k
+copies. Expert-split and dropless it has room for the worst case,
 every local token sending min(k, E/tp) copies to the rank: up to tp x the balanced work in
 XLA's cost analysis of the static program. So that this worst case is a bounded buffer rather
 than one of all the rank's tokens (a 30B prefill's 74k tokens x 8 copies per rank, tens of
@@ -53,13 +54,15 @@ EXPERT_AXIS = "tensor"
 class MoeSharding(enum.StrEnum):
     """`model.moe_sharding`: how the experts' weights split over the mesh's 'tensor' axis.
 
-    EXPERTS (expert parallelism): each rank holds E/tp whole experts and computes the copies
-    routed to them; its static buffer must hold the worst case (dropless: every local token's
-    min(k, E/tp) copies), up to tp x the balanced work in XLA's cost analysis, and the most
-    loaded rank sets the pace. FFN (tensor-parallel experts, MaxText's layout when its expert
-    axis is 1): each rank holds every expert's F/tp hidden columns and computes all its
-    tokens' copies on them, so the buffer is exactly N·k rows and every rank does the same
-    work, in matmuls tp times narrower. Both end in one psum of [tokens, D] over 'tensor'.
+    FFN (the default; tensor-parallel experts, the layout MaxText and Tunix give their tensor
+    axis): each rank holds every expert's F/tp hidden columns and computes all its tokens'
+    copies on them, so the buffer is exactly N·k rows and every rank does the same work, in
+    matmuls tp times narrower. EXPERTS (expert parallelism): each rank holds E/tp whole
+    experts and computes the copies routed to them; its static buffer must hold the worst
+    case (dropless: every local token's min(k, E/tp) copies), up to tp x the balanced work in
+    XLA's cost analysis and, where the grouped matmul cannot skip empty tiles (CPU, GPU), at
+    run time; the most loaded rank sets the pace. Both end in one psum of [tokens, D] over
+    'tensor'.
     """
 
     EXPERTS = "experts"
@@ -329,7 +332,7 @@ def _rank_experts(x, top_idx, top_vals, gate, up, down, first_expert, *, n_ranks
 def moe_mlp(
     x: jax.Array, router: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array,
     top_k: int, normalise: bool, capacity_factor: float | None = None,
-    sharding: MoeSharding = MoeSharding.EXPERTS,
+    sharding: MoeSharding = MoeSharding.FFN,
 ) -> tuple[jax.Array, RouterLoad]:
     """Routed mixture of experts on x [B, T, D]: (output, its `RouterLoad`).
 

@@ -54,7 +54,7 @@ MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_hea
 def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode():
     """On a v5e-8 mesh (1, 4, 2), compiled by the TPU compiler: with resident weights it hoists
     every layer's all-gather of its experts over 'fsdp' out of the decode loop, so the loop's
-    temporaries hold all 16 layers' gathered experts (4 experts on each 'tensor' rank, 768 MiB,
+    temporaries hold all 16 layers' gathered experts (half of each on a 'tensor' rank, 768 MiB,
     too large for the chip's on-core memory); per step it gathers them a layer ahead of their
     use inside the loop and holds a few."""
     from spade_jax.sampling import DecodeWeights

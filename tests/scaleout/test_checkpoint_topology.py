@@ -19,7 +19,7 @@ from spade_jax.sharding import make_mesh
 
 SAVED_ON = (1, 8, 1)
 TARGETS = [(2, 2, 2), (1, 2, 4)]
-# Dims divisible by 8 so every axis really shards; experts too (E=8 over 'tensor').
+# Dims divisible by 8 so every axis really shards; experts too (F=32 over 'tensor').
 MOE = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=8, n_kv_heads=4, head_dim=16,
                   ffn_dim=128, qk_norm=True, n_experts=8, n_experts_per_tok=2,
                   expert_ffn_dim=32, family="qwen3_moe")
@@ -71,10 +71,12 @@ def test_train_state_restores_on_another_mesh(saved, target_shape):
     ck.close()
     assert host == {"note": "saved on (1, 8, 1)"}
     assert_restored(restored, target, expected)
-    # The experts really are split differently: 8 experts over tensor=2 or 4.
+    # The experts really are split differently: their 32 hidden columns (model.moe_sharding's
+    # default, ffn) over tensor=2 or 4.
     w_gate = restored.params["w_gate"]
     w_gate = jax.tree.leaves(w_gate)[0]
-    assert w_gate.sharding.shard_shape(w_gate.shape)[1] == MOE.n_experts // target_shape[2]
+    assert w_gate.shape[-1] == MOE.expert_ffn_dim
+    assert w_gate.sharding.shard_shape(w_gate.shape)[-1] == MOE.expert_ffn_dim // target_shape[2]
 
 
 @pytest.mark.slow

@@ -117,16 +117,15 @@ def test_routed_moe_train_step_flops_stay_near_six_times_active_parameters():
 def test_readiness_command_compiles_30b_at_two_layers_and_counts_its_flops():
     """The issue's readiness command for Qwen3-30B-A3B at 2 layers, seq_len 2048, on v5p-64's
     (1, 4, 8) mesh of 32 fake CPU devices: the train step and both sampler programs compile,
-    and with the dropless experts split by hidden column (model.moe_sharding=ffn, exact
-    buffers) XLA's FLOPs/token are within 1.3x of 6·N_active + attention + the recompute the
-    step chooses (measured 1.18; 1.57 without the recompute). Split by expert, each dropless
-    rank's buffer is 8x its balanced share (the small-shape test above shows what that
-    costs)."""
+    and with the default dropless experts, split by hidden column (model.moe_sharding=ffn,
+    exact buffers), XLA's FLOPs/token are within 1.3x of 6·N_active + attention + the
+    recompute the step chooses (measured 1.18; 1.57 without the recompute). Split by expert,
+    each dropless rank's buffer is 8x its balanced share (the small-shape test above shows
+    what that costs)."""
     # The command re-executes itself with 32 CPU devices.
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=one_device_xla_flags())
     cmd = [sys.executable, "-m", "spade_jax.readiness", "--config=configs/30b.py",
-           f"--topology={TOPOLOGY}", "--layers=2", "--context=1024", "--rollout_batch=32",
-           "--config.model.moe_sharding=ffn"]
+           f"--topology={TOPOLOGY}", "--layers=2", "--context=1024", "--rollout_batch=32"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=1500)
     print(result.stdout)
