@@ -121,7 +121,7 @@ def test_ffn_split_buffers_hold_the_real_copies_where_expert_split_ones_hold_the
     by_expert = flops(tp4, moe.MoeSharding.EXPERTS)
     print("one device", one, "ffn", by_column, "experts", by_expert)
     assert 0.2 * one < by_column < 0.3 * one
-    assert by_expert > 0.8 * one
+    assert by_expert > 2.5 * by_column  # 4x the rows, less padding a row (measured 2.98x)
 
 
 @pytest.mark.parametrize(("shape", "sharding"), [((1, 1, 1), moe.MoeSharding.EXPERTS),
@@ -258,24 +258,28 @@ def test_buffer_rows_dropless_worst_case_and_capacity_share():
 
 @pytest.mark.parametrize("capacity_factor", [None, 4.0])
 def test_capacity_that_never_binds_equals_dense(capacity_factor):
-    """On (1, 2, 4) a factor of tp (4) gives each rank room for all its copies: no drop."""
+    """Split by expert on (1, 2, 4) a factor of tp (4) gives each rank room for all its
+    copies: no drop."""
     mesh = make_mesh((1, 2, 4))
     args = _params(seed=2)
     with jax.set_mesh(mesh):
-        out, load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True, capacity_factor))(*args)
+        out, load = jax.jit(lambda *a: moe.moe_mlp(
+            *a, K, True, capacity_factor, sharding=moe.MoeSharding.EXPERTS))(*args)
     _assert_close(out, moe.moe_mlp_dense(*args, K, True))
     assert float(load.dropped) == 0.0
 
 
 def test_capacity_drops_the_latest_tokens_copies_and_counts_them():
-    """Collapsed router on (1, 2, 4): each token sends one copy to rank 1 (expert 2) and one to
-    rank 2 (expert 5). Per fsdp shard of 24 tokens a rank holds 1.0 x 24·2/4 = 12 copies, so
-    the first 12 tokens of each shard keep both copies (= dense) and the last 12 lose both."""
+    """Split by expert on (1, 2, 4), collapsed router: each token sends one copy to rank 1
+    (expert 2) and one to rank 2 (expert 5). Per fsdp shard of 24 tokens a rank holds 1.0 x
+    24·2/4 = 12 copies, so the first 12 tokens of each shard keep both copies (= dense) and the
+    last 12 lose both."""
     mesh = make_mesh((1, 2, 4))
     args = _params(seed=1, router_bias=_collapsed_router())
     args = (jnp.abs(args[0]),) + args[1:]
     with jax.set_mesh(mesh):
-        out, load = jax.jit(lambda *a: moe.moe_mlp(*a, K, True, 1.0))(*args)
+        out, load = jax.jit(lambda *a: moe.moe_mlp(
+            *a, K, True, 1.0, sharding=moe.MoeSharding.EXPERTS))(*args)
     want = np.asarray(moe.moe_mlp_dense(*args, K, True)).reshape(2, 24, D)
     got = np.asarray(out).reshape(2, 24, D)
     np.testing.assert_allclose(got[:, :12], want[:, :12], atol=1e-5)
