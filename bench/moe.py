@@ -1,6 +1,7 @@
 """Routed MoE layer vs the dense reference at Qwen3-30B-A3B's expert shapes, on this machine.
 
     python bench/moe.py [--tokens 64] [--runs 3] [--tensor 8]
+    python bench/moe.py --tile-sweep
 
 One layer, float32, single device: D=2048, F=768, E=128, top-8, `--tokens` tokens. Prints the
 CPU model and JAX device, then the median forward time (after one warm-up) and the FLOPs from
@@ -17,6 +18,10 @@ a rank, dropless buffers sized for the worst case) and `ffn` (every expert's F/N
 rank, buffers of exactly the tokens' copies). Each row gives the time of the whole split layer
 (on CPU the N fake devices share this machine's cores, so it sums every rank's work), XLA's
 FLOPs per rank and their ratio to the one-device routed layer's.
+
+`--tile-sweep` instead times `moe.tiled_grouped_matmul` alone at 30B-A3B's expert shapes
+(rows = tokens x 8 copies, random group sizes) with every tile of 8 to 512 rows, and names the
+fastest beside the tile `moe.tile_rows` picks: the measurement behind its cost model.
 """
 
 from __future__ import annotations
@@ -38,7 +43,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tensor", type=int, default=1,
                         help="also time the layer split over this many 'tensor' ranks")
+    parser.add_argument("--tile-sweep", action="store_true",
+                        help="time the tiled grouped matmul at each tile size instead")
     args = parser.parse_args()
+    if args.tile_sweep:
+        tile_sweep(args.runs)
+        return
     if args.tensor > 1:  # before JAX starts: the CPU platform's device count
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={args.tensor}")
@@ -126,6 +136,49 @@ def split_layer(n_ranks, operands, measure, routed_flops, dense_out) -> None:
         print(f"{'split, ' + sharding.value:<18} {seconds * 1e3:9.1f} ms  {flops / 1e9:9.2f} "
               f"GFLOP per rank (XLA), {flops / routed_flops:.2f}x the one-device routed "
               f"layer's; max |difference| from dense {err:.1e}")
+
+
+SWEEP_SHAPES = [  # (rows, groups, in, out): tokens x 8 copies over a rank's experts
+    (512, 128, D, F), (4096, 128, D, F), (4096, 128, F, D), (4096, 16, D, F),
+    (4096, 128, D, F // 8), (32768, 128, D, F // 8), (32768, 16, D, F)]
+
+
+def tile_sweep(runs: int) -> None:
+    """Times of `tiled_grouped_matmul` per tile size at each of `SWEEP_SHAPES`."""
+    import jax
+
+    from spade_jax.models import moe
+
+    print(f"CPU: {cpu_model()}; JAX {jax.__version__} device: {jax.devices()[0].device_kind}")
+    print("tiled grouped matmul, float32, ms (best of --runs) per tile size; '-' over 6 GB of "
+          "gathered weights")
+    for rows, groups, d_in, d_out in SWEEP_SHAPES:
+        keys = jax.random.split(jax.random.key(0), 3)
+        lhs = jax.random.normal(keys[0], (rows, d_in))
+        rhs = jax.random.normal(keys[1], (groups, d_in, d_out)) * 0.02
+        sizes = jax.numpy.bincount(jax.random.randint(keys[2], (rows,), 0, groups), length=groups)
+        times = {}
+        for tile in (8 << i for i in range(7)):
+            if moe.tile_count(rows, groups, tile) * d_in * d_out * 4 > 6e9:
+                continue
+            with mock.patch.object(moe, "tile_rows", lambda n, g, t=tile: t):
+                compiled = jax.jit(lambda a, b, c: moe.tiled_grouped_matmul(a, b, c)).lower(
+                    lhs, rhs, sizes).compile()
+            jax.block_until_ready(compiled(lhs, rhs, sizes))  # warm-up
+            seconds = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                jax.block_until_ready(compiled(lhs, rhs, sizes))
+                seconds.append(time.perf_counter() - start)
+            times[tile] = min(seconds)
+        fastest, smallest = min(times, key=times.get), min(times)
+        picked = moe.tile_rows(rows, groups)
+        row = " ".join(f"{t}:{times[t] * 1e3:.0f}" if t in times else f"{t}:-"
+                       for t in (8 << i for i in range(7)))
+        print(f"rows {rows:>5} groups {groups:>3} {d_in:>4}x{d_out:<4} {row}  fastest {fastest}, "
+              f"tile_rows {picked} ({times[picked] / times[fastest]:.2f}x the fastest, "
+              f"{times[smallest] / times[picked]:.2f}x faster than {smallest}-row tiles)",
+              flush=True)
 
 
 if __name__ == "__main__":

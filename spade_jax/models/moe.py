@@ -125,18 +125,25 @@ def moe_mlp_dense(
     return jnp.einsum("bted,bte->btd", expert_out, weights)
 
 
-def _tile_rows(n_rows: int, n_groups: int) -> int:
-    """Rows per tile of `tiled_grouped_matmul`: padding (< a tile per group) stays within a
-    quarter of the rows, tiles between 8 and 512 rows; 1 (no padding) when there are no more
-    rows than groups (a small decode step), where one gathered weight matrix per row is also
-    fewer than one per 8-row tile. Each tile gathers its group's weights, so on CPU the wall
-    time follows the tile count as much as the FLOPs."""
+TILE_GATHER_ROWS = 64  # what gathering a tile's weight matrix costs, in rows of its matmul
+
+
+def tile_count(n_rows: int, n_groups: int, tile: int) -> int:
+    """Static tile count of `tiled_grouped_matmul`: each group pads to whole tiles (< a tile
+    of padding per group)."""
+    return -(-(n_rows + n_groups * (tile - 1)) // tile)
+
+
+def tile_rows(n_rows: int, n_groups: int) -> int:
+    """Rows per tile of `tiled_grouped_matmul`: the power of two from 8 to 512 with the least
+    tile_count x (tile + TILE_GATHER_ROWS), since every static tile multiplies its rows
+    (padding included) and gathers its group's weight matrix, which on CPU costs about as much
+    as 64 rows of its matmul (`python bench/moe.py --tile-sweep`). 1 (no padding) when there
+    are no more rows than groups (a small decode step)."""
     if n_rows <= n_groups:
         return 1
-    tile = 8
-    while tile < 512 and tile * 2 * n_groups * 4 <= n_rows:
-        tile *= 2
-    return tile
+    return min((8 << i for i in range(7)),
+               key=lambda tile: tile_count(n_rows, n_groups, tile) * (tile + TILE_GATHER_ROWS))
 
 
 def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -148,8 +155,8 @@ def tiled_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array)
     row by all G matrices. Rows past sum(group_sizes) give zeros, as in `ragged_dot`.
     """
     n_rows, n_groups = lhs.shape[0], rhs.shape[0]
-    tile = _tile_rows(n_rows, n_groups)
-    n_tiles = -(-(n_rows + n_groups * (tile - 1)) // tile)  # each group pads < a tile
+    tile = tile_rows(n_rows, n_groups)
+    n_tiles = tile_count(n_rows, n_groups, tile)
     ends = jnp.cumsum(group_sizes)
     padded = -(-group_sizes // tile) * tile
     padded_ends = jnp.cumsum(padded)

@@ -211,14 +211,28 @@ def test_train_step_runs_the_experts_tensor_parallel_and_equals_one_device(shard
     assert 1.0 < max_over_mean <= E / K and dropped == 0.0  # dropless
 
 
+def test_tile_rows_weigh_padding_against_weight_gathers():
+    """Golden tiles at 30B-A3B's expert shapes (rows = tokens x 8 copies), each the fastest
+    or near it in the 8..512 sweep of `bench/moe.py --tile-sweep` (docs/performance.md); 1
+    where no row needs a tile of its own."""
+    assert moe.tile_count(4096, 128, 32) == 252
+    assert moe.tile_rows(100, 128) == 1
+    assert moe.tile_rows(512, 128) == 16  # 64 tokens over 128 experts
+    assert moe.tile_rows(4096, 128) == 32  # 512 tokens (ffn ranks: the same groups)
+    assert moe.tile_rows(4096, 16) == 128  # 512 tokens on an expert rank of 16
+    assert moe.tile_rows(32768, 128) == 128  # a 4096-token chunk
+    assert moe.tile_rows(32768, 16) == 256
+    assert moe.tile_rows(10**7, 2) == 512  # the largest tile
+
+
 @pytest.mark.parametrize(("rows", "sizes"), [
     (5, [0, 2, 0, 3, 0]), (5, [5, 0, 0, 0, 0]), (5, [1, 1, 0, 0, 2]),  # 1-row tiles
-    (36, [0, 5, 0, 30, 1]), (36, [36, 0, 0, 0, 0]), (36, [3, 4, 0, 0, 2]),  # 8-row tiles
-    (400, [1, 150, 0, 233, 9]), (400, [400, 0, 0, 0, 0]), (400, [17, 0, 0, 0, 3]),  # 16-row
+    (36, [0, 5, 0, 30, 1]), (36, [36, 0, 0, 0, 0]), (36, [3, 4, 0, 0, 2]),  # 16-row tiles
+    (400, [1, 150, 0, 233, 9]), (400, [400, 0, 0, 0, 0]), (400, [17, 0, 0, 0, 3]),  # 64-row
 ])
 def test_tiled_grouped_matmul_equals_ragged_dot(rows, sizes):
     """Empty groups, one group taking every row, and rows past the groups (zeros)."""
-    assert moe._tile_rows(rows, 5) == {5: 1, 36: 8, 400: 16}[rows]
+    assert moe.tile_rows(rows, 5) == {5: 1, 36: 16, 400: 64}[rows]
     lhs = jax.random.normal(jax.random.key(0), (rows, 7))
     rhs = jax.random.normal(jax.random.key(1), (5, 7, 3))
     group_sizes = jnp.array(sizes, jnp.int32)
