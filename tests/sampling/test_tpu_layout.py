@@ -6,6 +6,7 @@ cache. In the sequence-major layout the sampler picks for TPU meshes they stay a
 fraction of it. Needs libtpu (`pip install -e .[tpu]`, part of the test extras).
 """
 
+import dataclasses
 import importlib.util
 
 import flax.nnx as nnx
@@ -13,6 +14,7 @@ import pytest
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.kv_layout import KVLayout
+from spade_jax.models.moe import MoeSharding
 from spade_jax.models.transformer import Transformer
 from spade_jax.plan import tpu_topology_devices
 from spade_jax.sampling import Sampler
@@ -51,16 +53,19 @@ MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_hea
                   expert_ffn_dim=2048, family="qwen3_moe")
 
 
-def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode():
+@pytest.mark.parametrize("moe_sharding", list(MoeSharding))
+def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode(moe_sharding):
     """On a v5e-8 mesh (1, 4, 2), compiled by the TPU compiler: with resident weights it hoists
     every layer's all-gather of its experts over 'fsdp' out of the decode loop, so the loop's
-    temporaries hold all 16 layers' gathered experts (half of each on a 'tensor' rank, 768 MiB,
-    too large for the chip's on-core memory); per step it gathers them a layer ahead of their
-    use inside the loop and holds a few."""
+    temporaries hold (nearly) all 16 layers' gathered experts (half of them on a 'tensor' rank,
+    768 MiB, too large for the chip's on-core memory; measured 770 MiB split by expert, 735 by
+    hidden column); per step it gathers them a layer ahead of their use inside the loop and
+    holds a few (248 MiB both ways)."""
     from spade_jax.sampling import DecodeWeights
 
     mesh = make_mesh((1, 4, 2), tpu_topology_devices("v5e-8"))
-    model = nnx.eval_shape(lambda: Transformer(MOE, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Transformer(
+        dataclasses.replace(MOE, moe_sharding=moe_sharding), rngs=nnx.Rngs(0)))
 
     def decode_temp(decode_weights):
         sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype="bfloat16",
@@ -70,5 +75,5 @@ def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode
     gathered_experts = MOE.n_layers * 3 * (MOE.n_experts // 2) * MOE.d_model * \
         MOE.expert_ffn_dim * 2  # bf16 per device
     resident, per_step = decode_temp(DecodeWeights.RESIDENT), decode_temp(DecodeWeights.PER_STEP)
-    assert resident > gathered_experts, (resident, gathered_experts)
+    assert resident > 0.9 * gathered_experts, (resident, gathered_experts)
     assert per_step < 0.5 * gathered_experts, (per_step, gathered_experts)

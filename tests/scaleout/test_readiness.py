@@ -91,18 +91,19 @@ def test_expert_capacity_or_column_split_brings_the_flops_to_the_balanced_share(
     """On (1, 2, 4) with k = 4 = experts per rank, a dropless expert-split rank's buffer is the
     worst case, 4x its balanced share, and XLA's cost analysis counts all of it; capacity
     factor 1 sizes it to the balanced share, and dropless experts split by hidden column
-    (model.moe_sharding=ffn) have exact buffers: both bring the train step within 1.3x of
+    (model.moe_sharding=ffn) have exact buffers: both bring the train step within 1.45x of
     6·N_active + attention + the recompute it chooses (log-prob chunk logits, remat'd layer
-    forwards)."""
+    forwards), XLA also counting the rows that pad the CPU's grouped-matmul tiles (sized for
+    CPU time, `moe.tile_rows`)."""
     mesh = dict(data=1, fsdp=2, tensor=4)
     dropless = _small_moe_train_ratios(mesh, None, n_experts_per_tok=4)
     capacity = _small_moe_train_ratios(mesh, 1.0, n_experts_per_tok=4)
     by_column = _small_moe_train_ratios(mesh, None, n_experts_per_tok=4, moe_sharding="ffn")
     print("dropless", dropless, "capacity 1.0", capacity, "dropless by column", by_column)
-    # measured: dropless (4.28, 3.21), capacity 1.0 (1.66, 1.24)
+    # measured: dropless (4.28, 3.21), capacity 1.0 (1.83, 1.37), by column (1.84, 1.38)
     for balanced in (capacity, by_column):
         assert balanced[0] < 2.0 < 3.0 < dropless[0], (balanced, dropless)
-        assert balanced[1] < 1.3 < 2.5 < dropless[1], (balanced, dropless)
+        assert balanced[1] < 1.45 < 2.5 < dropless[1], (balanced, dropless)
 
 
 def test_routed_moe_train_step_flops_stay_near_six_times_active_parameters():
@@ -119,7 +120,7 @@ def test_readiness_command_compiles_30b_at_two_layers_and_counts_its_flops():
     (1, 4, 8) mesh of 32 fake CPU devices: the train step and both sampler programs compile,
     and with the default dropless experts, split by hidden column (model.moe_sharding=ffn,
     exact buffers), XLA's FLOPs/token are within 1.3x of 6·N_active + attention + the
-    recompute the step chooses (measured 1.18; 1.57 without the recompute). Split by expert,
+    recompute the step chooses (measured 1.26; 1.68 without the recompute). Split by expert,
     each dropless rank's buffer is 8x its balanced share (the small-shape test above shows
     what that costs)."""
     # The command re-executes itself with 32 CPU devices.
