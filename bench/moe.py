@@ -92,6 +92,7 @@ def main() -> None:
     if jax.default_backend() == "gpu" and hasattr(jax.config, TRITON_FLAG):
         variants.append(("routed, triton", jax.lax.ragged_dot, True))
     routed = lambda *a: moe.moe_mlp(*a)[0]  # noqa: E731  (the output, not the RouterLoad)
+    routed_flops = float("nan")  # the tiled variant's, which the split rows compare with
     for name, grouped, triton in variants:
         with mock.patch.object(moe, "grouped_matmul", grouped):
             try:

@@ -138,8 +138,8 @@ def tile_rows(n_rows: int, n_groups: int) -> int:
     """Rows per tile of `tiled_grouped_matmul`: the power of two from 8 to 512 with the least
     tile_count x (tile + TILE_GATHER_ROWS), since every static tile multiplies its rows
     (padding included) and gathers its group's weight matrix, which on CPU costs about as much
-    as 64 rows of its matmul (`python bench/moe.py --tile-sweep`). 1 (no padding) when there
-    are no more rows than groups (a small decode step)."""
+    as TILE_GATHER_ROWS rows of its matmul (measured by `python bench/moe.py --tile-sweep`). 1
+    (no padding) when there are no more rows than groups (a small decode step)."""
     if n_rows <= n_groups:
         return 1
     return min((8 << i for i in range(7)),
