@@ -100,9 +100,9 @@ MOE_CFG = ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_
 
 def test_the_decode_holds_the_experts_gathered_unless_it_gathers_them_per_step():
     """The TPU compiler hoists the gathers of the experts' weights over fsdp out of the decode
-    loop: the sampling peak counts every layer's experts, split over tensor (4 of 8 experts
-    here) and gathered over fsdp, in bf16; gathered per step, two layers' of them; nothing
-    for a dense model or without fsdp."""
+    loop: the sampling peak counts every layer's experts, split over tensor (half of them on
+    each of the 2 ranks here) and gathered over fsdp, in bf16; gathered per step, two layers'
+    of them; nothing for a dense model or without fsdp."""
     plan = memory_plan(MOE_CFG, SHAPE)
     experts = 4 * 3 * (8 // 2) * 256 * 128 * 2  # layers x (gate, up, down) x experts x D x F
     assert plan.decode_gathered_weights == experts
