@@ -149,19 +149,16 @@ class Worker:
             return {"ok": False, "kind": "contract",
                     "error": f"expected exactly one top-level *Env class, found {classes}"}
         cls = self.namespace[classes[0]]
-        if game_turns:
-            try:
-                self.env = cls()
-            except TypeError:
-                self.env = cls(max_turns=max_turns)
-            own = getattr(self.env, "max_turns", None)
-            turns = min(own, max_turns) if type(own) is int and own > 0 else max_turns
-            self.env.max_turns = turns
-            return {"ok": True, "env_class": classes[0]}
+        with_limit, bare = {"max_turns": max_turns}, {}  # a design may take no argument
+        first, second = (bare, with_limit) if game_turns else (with_limit, bare)
         try:
-            self.env = cls(max_turns=max_turns)
+            self.env, given = cls(**first), first
         except TypeError:
-            self.env = cls()
+            self.env, given = cls(**second), second
+        if game_turns:  # the game's own limit, capped
+            own = getattr(self.env, "max_turns", None)
+            self.env.max_turns = min(own, max_turns) if type(own) is int and own > 0 else max_turns
+        elif not given:
             self.env.max_turns = max_turns
         return {"ok": True, "env_class": classes[0]}
 
