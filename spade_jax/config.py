@@ -21,13 +21,18 @@ import numpy as np
 
 from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
-from spade_jax.models.attention import AttentionKernel
+from spade_jax.models.attention import DECODE_QUERIES, AttentionKernel
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
 from spade_jax.sampling.programs import MIN_BUCKET
-from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots, DecodeWeights
+from spade_jax.sampling.sampler import (
+    DRAFT_TOKENS,
+    PREFILL_TOKENS_PER_DEVICE,
+    DecodeDots,
+    DecodeWeights,
+)
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
 from spade_jax.seeding import check_seed
 from spade_jax.spade.batch import plays_to_fill
@@ -197,11 +202,12 @@ class SamplingConfig:
     prefill_tokens: int = PREFILL_TOKENS_PER_DEVICE
     cpu_decode_dots: DecodeDots | None = DecodeDots.YNNPACK
     decode_weights: DecodeWeights | None = DecodeWeights.RESIDENT
+    draft_tokens: int = DRAFT_TOKENS
 
     def sampler_options(self) -> dict:
         """The `Sampler` keyword arguments this section sets."""
         return dict(prefill_tokens=self.prefill_tokens, decode_dots=self.cpu_decode_dots,
-                    decode_weights=self.decode_weights)
+                    decode_weights=self.decode_weights, draft_tokens=self.draft_tokens)
 
     def decoding(self, role: str) -> Decoding:
         """The sampler settings of `role` ('designer', 'agent', 'hint' or 'validator')."""
@@ -232,6 +238,9 @@ class SamplingConfig:
         if self.prefill_tokens < MIN_BUCKET:
             out.append(f"prefill_tokens={self.prefill_tokens} must be >= {MIN_BUCKET} (the "
                        "narrowest extend)")
+        if not 0 <= self.draft_tokens < DECODE_QUERIES:
+            out.append(f"draft_tokens={self.draft_tokens} must be in 0..{DECODE_QUERIES - 1} "
+                       "(0: no drafts)")
         for role in ROLES:
             temperature = getattr(self, f"{role}_temperature")
             if temperature < 0:

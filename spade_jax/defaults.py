@@ -15,7 +15,12 @@ from spade_jax.models.attention import AttentionKernel
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat
-from spade_jax.sampling.sampler import PREFILL_TOKENS_PER_DEVICE, DecodeDots, DecodeWeights
+from spade_jax.sampling.sampler import (
+    DRAFT_TOKENS,
+    PREFILL_TOKENS_PER_DEVICE,
+    DecodeDots,
+    DecodeWeights,
+)
 from spade_jax.spade.hints import HintMode, HintSchedule
 from spade_jax.spade.memory import MemoryMode
 from spade_jax.spade.prompts import GameType
@@ -112,6 +117,11 @@ def base_config() -> ml_collections.ConfigDict:
     # step (per_step: for chips that cannot hold the gathered experts, e.g. 30B at 32k on
     # v5e); `python -m spade_jax.plan` counts them.
     c.sampling.decode_weights = DecodeWeights.RESIDENT.value
+    # Greedy turns (evaluation, the benchmarks) verify this many prompt-lookup drafts per row
+    # and decode step: the next tokens that followed the row's last few tokens earlier in its
+    # own text, kept up to the first the model contradicts, so outputs are unchanged
+    # (spade_jax/sampling/drafts.py). Sampled turns decode one token a step. 0: no drafts.
+    c.sampling.draft_tokens = DRAFT_TOKENS
 
     c.train = ml_collections.ConfigDict()
     c.train.learning_rate = 1e-6

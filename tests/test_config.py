@@ -70,9 +70,9 @@ def test_counts_and_mesh_axes_that_would_crash_a_run_are_refused():
 
 
 def test_the_sampler_settings_are_checked_and_reach_the_runtimes_sampler():
-    """`sampling.prefill_tokens` below one bucket and an unknown `sampling.decode_weights` are
-    refused; valid ones reach the sampler the run decodes with (its extends of one row are
-    that wide)."""
+    """`sampling.prefill_tokens` below one bucket, an unknown `sampling.decode_weights` and
+    `sampling.draft_tokens` past the decode's query block are refused; valid ones reach the
+    sampler the run decodes with (its extends of one row are that wide)."""
     import jax
 
     from spade_jax.sampling import DecodeWeights
@@ -82,11 +82,15 @@ def test_the_sampler_settings_are_checked_and_reach_the_runtimes_sampler():
         "sampling.prefill_tokens=8 must be >= 16 (the narrowest extend)"]
     assert problems_of(tiny(**{"sampling.decode_weights": "lazy"}))[0].startswith(
         "sampling.decode_weights='lazy'")
-    run = parse(tiny(**{"sampling.prefill_tokens": 32, "sampling.decode_weights": "per_step"}), 1)
+    assert problems_of(tiny(**{"sampling.draft_tokens": 8})) == [
+        "sampling.draft_tokens=8 must be in 0..7 (0: no drafts)"]
+    run = parse(tiny(**{"sampling.prefill_tokens": 32, "sampling.decode_weights": "per_step",
+                        "sampling.draft_tokens": 2}), 1)
     rt = Runtime.create(run, jax.devices()[:1])
     try:
         assert rt.sampler.prefill_tokens == 32 and rt.sampler.extend_width(1) == 32
         assert rt.sampler.decode_weights is DecodeWeights.PER_STEP
+        assert rt.sampler.draft_tokens == 2
     finally:
         rt.close()
 

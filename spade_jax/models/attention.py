@@ -8,7 +8,8 @@ What runs depends on the call's shape and on `AttentionKernel`:
   `shard_map`: rows over ('data', 'fsdp'), heads over 'tensor'),
   cuDNN flash attention through `jax.nn.dot_product_attention` on GPU (bfloat16/float16), and
   on CPU XLA einsums over causal query blocks with a flash-style hand-written backward;
-- one query per row (a decode step): one direct XLA product over the whole window;
+- up to `DECODE_QUERIES` queries per row (a decode step and its drafts): one direct XLA
+  product over the whole window;
 - several queries against a KV cache (prefill, observation appends): an XLA online softmax
   over key blocks (`_flash_attention`), so no [B, H, chunk, S] float32 score matrix exists.
 The kernels cover the causal case only: splash's masks are static (a traced cache index
@@ -29,6 +30,9 @@ from spade_jax.sharding import MESH_AXES
 
 MASK_VALUE = -2.3819763e38  # large negative that stays finite in float32 and bfloat16
 ATTENTION_QUERY_CHUNK = 512  # queries per score block (XLA paths)
+# At most this many queries per row (a decode step and its drafts) attend in one block over
+# the whole cache, as a decode step does, rather than in key blocks
+DECODE_QUERIES = 8
 ATTENTION_KEY_BLOCK = 512  # keys per online-softmax step (cached XLA path)
 CAUSAL_BLOCKS = 8  # at most this many causal query blocks per layer (unrolled in its program)
 CAUSAL_MIN_BLOCK = 64  # smaller blocks cost more in matmul efficiency than their skipped keys
@@ -103,9 +107,10 @@ def attention(
     q: [B, T, H, Dh]; keys and values in `layout` (head-major: k [B, K, Dh, S] transposed, v
     [B, K, S, Dh]) with H a multiple of K. `causal=True` promises S == T and a first query
     slot of 0 (the no-cache training forward) and runs `kernel` (resolved for the current
-    backend); otherwise one query per row is a decode step and more are a cached extend (XLA
-    paths, see the module docstring; `query_chunk` queries and `key_block` keys per score
-    block). A query that sees no key gets an unspecified finite output.
+    backend); otherwise up to `DECODE_QUERIES` queries per row are a decode step (with its
+    drafts) and more are a cached extend (XLA paths, see the module docstring; `query_chunk`
+    queries and `key_block` keys per score block). A query that sees no key gets an
+    unspecified finite output.
     """
     batch, q_len, n_heads, head_dim = q.shape
     if causal:
@@ -124,8 +129,8 @@ def attention(
     q = q.reshape(batch, q_len, n_kv, n_heads // n_kv, head_dim).transpose(0, 2, 3, 1, 4)
     if causal:
         out = _causal_blocks(q, k_t, v, mask, query_chunk)
-    elif q_len == 1:
-        out = _decode_block(q, k, v, mask.dense(1), layout)
+    elif q_len <= DECODE_QUERIES:
+        out = _decode_block(q, k, v, mask.dense(q_len), layout)
     else:
         out = _chunked(lambda qc, m: _flash_attention(qc, k, v, m, key_block, layout), q, mask,
                        query_chunk)
@@ -194,7 +199,7 @@ _attention_block.defvjp(_attention_block_forward, _attention_block_backward)
 
 
 def _decode_block(q, k, v, mask: jax.Array, layout: KVLayout) -> jax.Array:
-    """One decode query per row, q [B, K, G, 1, Dh], over the whole cache in `layout`: the
+    """A decode step's queries per row, q [B, K, G, C, Dh], over the whole cache in `layout`: the
     forward of `_attention_block` without its custom VJP (the sampler never differentiates)."""
     return _attention_block_forward(q, k, v, mask, layout)[0]
 

@@ -90,11 +90,12 @@ class Engine:
     its slot nor on its neighbours: greedy outputs equal one-at-a-time generation. The
     schedule depends only on the sampled tokens and on which replies are in at each pause
     (with `on_turns`, all of them), so the hosts of a multi-host run make the same program
-    calls when their `replies` collect the same on every host.
+    calls when their `replies` collect the same on every host. `draft_tokens`: prompt-lookup
+    drafts each greedy step verifies (`Sampler.start`; None: the sampler's).
     """
 
     def __init__(self, sampler: Sampler, *, slots: int, capacity: int,
-                 pause_share: float = 0.25):
+                 pause_share: float = 0.25, draft_tokens: int | None = None):
         if slots < 1:
             raise ValueError(f"slots={slots!r}: the engine needs at least one slot")
         if not 0.0 < pause_share <= 1.0:
@@ -102,6 +103,7 @@ class Engine:
                              "ends a decode segment, in (0, 1]")
         self.sampler, self.slots, self.capacity = sampler, int(slots), int(capacity)
         self.pause_share = float(pause_share)
+        self.draft_tokens = draft_tokens  # drafts per greedy step (None: the sampler's)
         self.decode_steps = 0  # decode-loop iterations of the last run (`Session.decode_steps`)
 
     def run(self, requests: Sequence[Request], *, on_turns: TurnsCallback | None = None,
@@ -124,8 +126,9 @@ class Engine:
             return []
         queue = collections.deque(range(len(requests)))
         first = [queue.popleft() for _ in range(min(self.slots, len(requests)))]
+        drafts = {} if self.draft_tokens is None else {"draft_tokens": self.draft_tokens}
         session = self.sampler.start([requests[i].prompt for i in first],
-                                     capacity=self.capacity)
+                                     capacity=self.capacity, **drafts)
         owner: list[int | None] = list(first)  # request served by each row (None: free)
         session.key_ids[: len(first)] = first
         turn = session.begin_turn([requests[i].max_new_tokens for i in first],

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from spade_jax.models.kv_layout import KVLayout
 from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, unrolled_forward
+from spade_jax.sampling.drafts import confirmed_drafts, ngram_drafts
 from spade_jax.sampling.sampling_fns import row_keys, select_tokens
 
 MIN_BUCKET = 16
@@ -158,8 +159,9 @@ def extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask
 
 
 class DecodeState(NamedTuple):
-    """The decode loop's carry: the cache, each row's length, pending token and progress, and
-    the buffers of what it sampled (token, policy log-prob, sampling log-prob per step)."""
+    """The decode loop's carry: the cache, each row's length, pending token and progress, the
+    buffers of what it sampled (token, policy log-prob, sampling log-prob per step) and, when
+    it looks drafts up, each row's tokens by position and the lookups' record."""
 
     step: jax.Array  # steps taken
     cache: list
@@ -170,19 +172,35 @@ class DecodeState(NamedTuple):
     n_generated: jax.Array  # [B] tokens sampled so far per row
     stopped: jax.Array  # [B] rows that sampled a stop token
     buffers: tuple  # ([B, window] tokens, log-probs, sampling log-probs)
+    history: jax.Array | None  # [B, window] tokens by slot, the pending one included
+    draft_record: jax.Array  # [2] row-steps taken, and drafts confirmed (or first drafts right)
 
 
 def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, max_steps,
-            exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids, *,
-            max_top_k, layout, decode_weights: DecodeWeights):
+            exit_after_finished, stop_ids, temperature, top_k, top_p, seed, row_ids,
+            history=None, *, max_top_k, layout, decode_weights: DecodeWeights,
+            draft_tokens: int = 0, lookup: bool = False):
     """At most `max_steps` decode steps (the caller keeps every running row's length + steps
     within the window); the token buffers are as long as the window. The loop also ends once
     `exit_after_finished` rows have finished (continuous batching refills their slots).
     `decode_weights` (`DecodeWeights`): whether the loop holds the gathered weights or gathers
-    them every step."""
+    them every step. Returns (cache, buffers, tokens per row, stopped per row, steps, record):
+    `record` [2] counts the running rows' steps and, with `lookup`, their drafts' success.
+
+    `lookup` (greedy turns only: the caller passes temperature 0) carries each row's tokens by
+    slot from `history` [B, window] and looks up its prompt-lookup drafts every step
+    (`drafts.ngram_drafts`). With `draft_tokens` > 0 each step also feeds them, and each row
+    keeps the greedy tokens up to the first draft they contradict, so a step may take several
+    tokens with the tokens unchanged; a row takes no more than fit in the window, and the
+    loop ends when a running row filled it. The record's second count is then the drafts
+    confirmed; with `draft_tokens` 0 (one token a step) it is the steps whose first draft
+    the greedy token matched, what the host weighs before feeding drafts.
+    """
     model = nnx.merge(graphdef, state)
     layer_params, logits_of = weights_and_logits(model, fused)
     batch, window = pending.shape[0], layout.n_slots(cache[0][1])
+    width = 1 + draft_tokens  # tokens each row feeds a step
+    offsets = jnp.arange(width)
     max_steps = jnp.minimum(jnp.max(limits), max_steps)
     rows = jnp.arange(batch)
     buffers = (jnp.zeros((batch, window), jnp.int32),
@@ -191,40 +209,72 @@ def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, m
     init = DecodeState(step=jnp.int32(0), cache=cache, lengths=lengths, pending=pending,
                        positions=positions, running=limits > 0,
                        n_generated=jnp.zeros((batch,), jnp.int32),
-                       stopped=jnp.zeros((batch,), bool), buffers=buffers)
+                       stopped=jnp.zeros((batch,), bool), buffers=buffers,
+                       history=history if lookup else None,
+                       draft_record=jnp.zeros((2,), jnp.int32))
 
     def cond(s: DecodeState):
-        return ((s.step < max_steps) & jnp.any(s.running)
-                & (jnp.sum((limits > 0) & ~s.running) < exit_after_finished))
+        go = ((s.step < max_steps) & jnp.any(s.running)
+              & (jnp.sum((limits > 0) & ~s.running) < exit_after_finished))
+        if draft_tokens:  # a row at the window's end waits for the next segment's window
+            go &= ~jnp.any(s.running & (s.lengths >= window))
+        return go
 
     def body(s: DecodeState) -> DecodeState:
-        # Each running row writes its pending token at its own slot, in place; a finished
-        # row's write goes past the window and is dropped.
+        # Each running row writes its pending token (and drafts) from its own slot, in
+        # place; a finished row's write goes past the window and is dropped.
+        tokens = s.pending[:, None]
+        if lookup:
+            drafts = ngram_drafts(s.history, s.lengths, max(draft_tokens, 1))
+        if draft_tokens:
+            tokens = jnp.concatenate([tokens, drafts], axis=1)
         slots = jnp.where(s.running, s.lengths, window)
         hidden, cache = unrolled_forward(
-            model, layer_params, s.pending[:, None], s.positions[:, None],
-            valid_slots(s.lengths + s.running, window), s.cache, slots, layout,
+            model, layer_params, tokens, s.positions[:, None] + offsets,
+            valid_slots(s.lengths + width * s.running, window), s.cache, slots, layout,
             stream_weights=decode_weights.streams)
-        logits = logits_of(hidden[:, 0])
-        keys = row_keys(seed, row_ids, s.positions + 1)
-        token, logp, sampling_logp = select_tokens(
-            logits, keys, temperature=temperature, top_k=top_k, top_p=top_p, max_top_k=max_top_k
-        )
-        column = jnp.where(s.running, s.n_generated, window)  # out of range: dropped
+        logits = logits_of(hidden.reshape(batch * width, -1))
+        keys = row_keys(seed, jnp.repeat(row_ids, width),
+                        (s.positions[:, None] + 1 + offsets).reshape(-1))
+        token, logp, sampling_logp = (a.reshape(batch, width) for a in select_tokens(
+            logits, keys, temperature=temperature, top_k=top_k, top_p=top_p,
+            max_top_k=max_top_k))
+        # a row takes the tokens its confirmed drafts lead to, up to its first stop token,
+        # its budget and the window's end
+        is_stop = jnp.any(token[..., None] == stop_ids, axis=-1)
+        to_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1,
+                            width + 1)
+        confirmed = (confirmed_drafts(drafts, token) if draft_tokens
+                     else (drafts[:, 0] == token[:, 0]).astype(jnp.int32) if lookup else 0)
+        taken = 1 + confirmed if draft_tokens else 1
+        taken = jnp.minimum(jnp.minimum(taken, to_stop),
+                            jnp.minimum(limits - s.n_generated, window - s.lengths))
+        taken = jnp.where(s.running, taken, 0)
+        kept = offsets[None, :] < taken[:, None]
+        column = jnp.where(kept, s.n_generated[:, None] + offsets, window)  # else dropped
         buffers = tuple(
-            buf.at[rows, column].set(val, mode="drop")
+            buf.at[rows[:, None], column].set(val, mode="drop")
             for buf, val in zip(s.buffers, (token, logp, sampling_logp), strict=True)
         )
-        n_generated = s.n_generated + s.running
-        hit_stop = s.running & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        history = s.history
+        if lookup:
+            history = history.at[rows[:, None], jnp.where(
+                kept, s.lengths[:, None] + 1 + offsets, window)].set(token, mode="drop")
+        record = s.draft_record + jnp.stack([jnp.sum(s.running),
+                                             jnp.sum(jnp.where(s.running, confirmed, 0))])
+        n_generated = s.n_generated + taken
+        hit_stop = s.running & (to_stop <= taken)
+        last = jnp.take_along_axis(token, jnp.maximum(taken - 1, 0)[:, None], axis=1)[:, 0]
         return DecodeState(
-            step=s.step + 1, cache=cache, lengths=s.lengths + s.running,
-            pending=jnp.where(s.running, token, s.pending), positions=s.positions + s.running,
+            step=s.step + 1, cache=cache, lengths=s.lengths + taken,
+            pending=jnp.where(taken > 0, last, s.pending), positions=s.positions + taken,
             running=s.running & ~hit_stop & (n_generated < limits), n_generated=n_generated,
-            stopped=s.stopped | hit_stop, buffers=buffers)
+            stopped=s.stopped | hit_stop, buffers=buffers, history=history,
+            draft_record=record.astype(jnp.int32))
 
     final = jax.lax.while_loop(cond, body, init)
-    return final.cache, final.buffers, final.n_generated, final.stopped, final.step
+    return (final.cache, final.buffers, final.n_generated, final.stopped, final.step,
+            final.draft_record)
 
 
 def grow_layer(k, v, *, new_window, layout):
@@ -232,10 +282,9 @@ def grow_layer(k, v, *, new_window, layout):
     return layout.pad_slots(k, v, new_window - layout.n_slots(v))
 
 
-def decode_rows(graphdef, state, fused, cache, rows, *args, max_top_k, layout, decode_weights):
+def decode_rows(graphdef, state, fused, cache, rows, *args, **static):
     """`decode` of only the cache rows `rows` [b] (an index past the batch: a padding row with
     limit 0, dropped); the other arguments are those rows'. The compute scales with the rows
     still sampling, not with the batch."""
-    sub, *outputs = decode(graphdef, state, fused, take_rows(cache, rows), *args,
-                           max_top_k=max_top_k, layout=layout, decode_weights=decode_weights)
+    sub, *outputs = decode(graphdef, state, fused, take_rows(cache, rows), *args, **static)
     return (put_rows(cache, rows, sub), *outputs)

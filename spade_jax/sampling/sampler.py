@@ -37,6 +37,11 @@ pieces, which appending-equals-re-prefilling makes exact. So an extend's activat
 buffers, attention scores) are bounded whatever the prompts' lengths, and the extend program
 the memory plan compiles is the widest one a session runs.
 
+Drafts: a greedy decode step also feeds each row `draft_tokens` prompt-lookup drafts
+(`spade_jax.sampling.drafts`) and keeps the greedy tokens up to the first draft they
+contradict, so a row that repeats itself takes several tokens a step; sampled turns decode one
+token a step.
+
 Shapes that reach the compiler are bucketed (window, extend width, stop-id list), and
 temperature / top-k / top-p / seed / limits are traced, so a session compiles a handful of
 programs once (about two per window size it reaches).
@@ -65,7 +70,7 @@ from spade_jax.sampling.programs import (
     bucket_at_most,
 )
 from spade_jax.sampling.sampling_fns import DEFAULT_MAX_TOP_K
-from spade_jax.sampling.session import Session
+from spade_jax.sampling.session import Session, check_draft_tokens
 from spade_jax.sharding import (
     BATCH_AXES,
     fit_spec,
@@ -76,6 +81,7 @@ from spade_jax.sharding import (
     traced_in_mesh,
 )
 
+DRAFT_TOKENS = 4  # prompt-lookup drafts per greedy decode step (bench/rollout.py)
 PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device (its rows x width)
 # XLA:CPU sends dots to YNNPACK library fusions by default; XLA's own dot emitter is the other
 # way to compile the decode programs' dots (`DecodeDots`).
@@ -123,6 +129,8 @@ class Sampler:
     `decode_dots`: how the CPU decode programs compile their dots (`DecodeDots`).
     `decode_weights`: whether a decode loop holds the weights gathered over 'fsdp' or gathers
     them every step (`DecodeWeights`).
+    `draft_tokens`: prompt-lookup drafts a greedy decode step verifies per row
+    (`spade_jax.sampling.drafts`; 0: none); sampled turns decode one token a step.
     `reserved_bytes`: per device, what stays resident beside the sampler's programs (the
     trainer's state, `ResidentBytes.beside_sampler`); the TPU compiler keeps them within the
     rest of the HBM (`reserved_memory_options`).
@@ -134,7 +142,7 @@ class Sampler:
                  kv_layout: KVLayout | str | None = None,
                  decode_dots: DecodeDots | str = DecodeDots.YNNPACK,
                  decode_weights: DecodeWeights | str = DecodeWeights.RESIDENT,
-                 reserved_bytes: int = 0):
+                 draft_tokens: int = DRAFT_TOKENS, reserved_bytes: int = 0):
         if int(prefill_tokens) < MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {MIN_BUCKET} tokens per device")
@@ -146,6 +154,7 @@ class Sampler:
         self.kv_layout = (KVLayout.for_platform(platform) if kv_layout is None
                           else KVLayout(kv_layout))
         self.max_top_k = max_top_k
+        self.draft_tokens = check_draft_tokens(draft_tokens)
         self.decode_dots = DecodeDots(decode_dots)
         self.decode_weights = DecodeWeights(decode_weights)
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
@@ -276,6 +285,10 @@ class Sampler:
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh)
+        # a decode's own static arguments (`rows` only keys the program); with `lookup` it
+        # takes the rows' histories too
+        drafts = {k: static[k] for k in ("draft_tokens", "lookup") if k in static}
+        lookup = bool(static.get("lookup"))
         if name == "extend":
             fn = partial(programs.extend, self.graphdef, layout=self.kv_layout)
             in_sh = (*head, row, mat, mat, mat)
@@ -286,15 +299,17 @@ class Sampler:
             out_sh = cache_sh
         elif name == "decode_rows":  # only used where the cache's batch is not split
             fn = partial(programs.decode_rows, self.graphdef, max_top_k=self.max_top_k,
-                         layout=self.kv_layout, decode_weights=self.decode_weights)
-            in_sh = (*head, *[scalar] * 13)
-            out_sh = (cache_sh, (scalar,) * 3, scalar, scalar, scalar)
+                         layout=self.kv_layout, decode_weights=self.decode_weights,
+                         **drafts)
+            in_sh = (*head, *[scalar] * (13 + lookup))
+            out_sh = (cache_sh, (scalar,) * 3, scalar, scalar, scalar, scalar)
         else:
             fn = partial(programs.decode, self.graphdef, max_top_k=self.max_top_k,
-                         layout=self.kv_layout, decode_weights=self.decode_weights)
+                         layout=self.kv_layout, decode_weights=self.decode_weights,
+                         **drafts)
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
-                     scalar, row)
-            out_sh = (cache_sh, (mat, mat, mat), row, row, scalar)
+                     scalar, row, *[mat] * lookup)
+            out_sh = (cache_sh, (mat, mat, mat), row, row, scalar, scalar)
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
                                     out_shardings=out_sh, donate_argnums=(2,),
                                     compiler_options=self._compiler_options(name))
@@ -337,6 +352,9 @@ class Sampler:
                 scalar_of(jnp.uint32), row(jnp.int32))
         return self.program("decode", batch, window).lower(*args)
 
-    def start(self, prompts: Sequence[Sequence[int]], *, capacity: int) -> Session:
-        """Prefill `prompts` (token ids, each non-empty) into a session with `capacity` slots."""
-        return Session(self, prompts, capacity)
+    def start(self, prompts: Sequence[Sequence[int]], *, capacity: int,
+              draft_tokens: int | None = None) -> Session:
+        """Prefill `prompts` (token ids, each non-empty) into a session with `capacity` slots;
+        its greedy steps verify `draft_tokens` drafts (None: the sampler's)."""
+        return Session(self, prompts, capacity,
+                       self.draft_tokens if draft_tokens is None else draft_tokens)

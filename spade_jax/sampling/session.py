@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from spade_jax.distributed import to_host
+from spade_jax.models.attention import DECODE_QUERIES
 from spade_jax.sampling.programs import STOP_ID_SLOTS, bucket
 from spade_jax.seeding import check_seed
 
@@ -26,9 +27,24 @@ _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64
 # that the window tracks the longest row (attention reads the whole window every step),
 # large enough that a segment amortises its host round trip.
 _SEGMENT_MIN_STEPS = 32
+# Tokens per row and step from which a greedy segment feeds its drafts: a step with 4
+# drafts costs more than one token's (its five queries per row), how much more depending on
+# the rows and the window (docs/performance.md), so drafts must take well over one token
+DRAFTS_PAY_AT = 1.6
+# While drafts are looked up, a segment ends after this many steps to weigh them again
+DRAFT_CHECK_STEPS = 32
 # The fewest rows a decode computes once finished rows are dropped from it (each row count is
 # a program to compile; below this a step costs about the same)
 MIN_DECODE_ROWS = 4
+
+
+def check_draft_tokens(draft_tokens: int) -> int:
+    """`draft_tokens` as an int, or a ValueError: a step's pending token and its drafts are
+    one query block of at most `DECODE_QUERIES`."""
+    if not 0 <= int(draft_tokens) < DECODE_QUERIES:
+        raise ValueError(f"draft_tokens={draft_tokens!r}: use 0 (no drafts) to "
+                         f"{DECODE_QUERIES - 1}")
+    return int(draft_tokens)
 
 
 class CacheFullError(ValueError):
@@ -85,12 +101,17 @@ class Session:
     row alone (`refused`: it decodes nothing, finish reason 'context_full').
     """
 
-    def __init__(self, sampler: Sampler, prompts: Sequence[Sequence[int]], capacity: int):
+    def __init__(self, sampler: Sampler, prompts: Sequence[Sequence[int]], capacity: int,
+                 draft_tokens: int = 0):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if int(capacity) < 1:
             raise ValueError(f"capacity={capacity!r}: a session needs at least one slot per row")
         self.sampler = sampler
+        self.draft_tokens = check_draft_tokens(draft_tokens)
+        # tokens per row and step that drafts gave or would give (`_drafts_pay`); until a
+        # greedy segment measured it, drafts are looked up but not fed
+        self.draft_yield = 1.0
         self.num_rows = len(prompts)
         multiple = sampler.batch_multiple
         self.batch = -(-self.num_rows // multiple) * multiple
@@ -349,32 +370,43 @@ class Session:
         smaller = self._next_smaller_program(program_rows)
         if smaller:
             exit_after = min(exit_after, n_running - smaller)
+        # greedy turns look drafts up, and feed them while they pay (`_drafts_pay`)
+        lookup = self.draft_tokens > 0 and float(turn.settings[1]) == 0.0
+        drafts = self.draft_tokens if lookup and self._drafts_pay() else 0
+        if lookup:  # weigh the drafts again soon
+            max_steps = min(max_steps or DRAFT_CHECK_STEPS, DRAFT_CHECK_STEPS)
         if program_rows < self.batch:
             rows = np.concatenate([np.flatnonzero(running), np.full(
                 (program_rows - n_running,), self.batch)]).astype(np.int32)
             put = self.sampler.put_replicated
             program = self.sampler.program("decode_rows", self.batch, self.window,
-                                           rows=program_rows)
+                                           rows=program_rows, draft_tokens=drafts,
+                                           lookup=lookup)
             head = (put(rows),)
         else:
             rows = np.arange(self.batch, dtype=np.int32)
             put = self.sampler.put_batch
-            program = self.sampler.program("decode", self.batch, self.window)
+            program = self.sampler.program("decode", self.batch, self.window,
+                                           draft_tokens=drafts, lookup=lookup)
             head = ()
         # per row, with a zero row at index `batch` for the padding rows
         per_row = lambda values: put(np.append(  # noqa: E731
             np.asarray(values, np.int32), np.zeros((self.batch + 1 - len(values),), np.int32)
         )[rows])
         limits = np.where(running, turn.remaining, 0)
-        self.cache, buffers, n_gen, stopped, steps = program(
+        self.cache, buffers, n_gen, stopped, steps, record = program(
             self.sampler.state, self.sampler.fused_weights, self.cache, *head,
             per_row(self.lengths), per_row([seq[-1] for seq in self.sequences]),
             per_row([len(seq) - 1 for seq in self.sequences]), per_row(limits),
             np.int32(min(self.window - longest, max_steps or self.window)),
             np.int32(exit_after), *turn.settings,
-            per_row(self.key_ids))
+            per_row(self.key_ids), *([put(self._histories(rows))] if lookup else []))
         n_gen, stopped = to_host(n_gen), to_host(stopped)
         self.decode_steps += int(to_host(steps))
+        row_steps, successes = map(int, to_host(record))
+        if lookup and row_steps:
+            self.draft_yield = (1 + successes / row_steps if drafts else sum(
+                (successes / row_steps) ** i for i in range(self.draft_tokens + 1)))
         buffers = tuple(to_host(b) for b in buffers)
         for i, r in enumerate(rows):
             if r >= self.num_rows or not running[r]:
@@ -394,6 +426,22 @@ class Session:
             if stopped[i]:
                 out.finish_reason = FinishReason.STOP
             running[r] = not stopped[i] and turn.remaining[r] > 0
+
+    def _drafts_pay(self) -> bool:
+        """Whether the next greedy segment feeds drafts: when the last one took (with drafts)
+        or would have taken (one token a step, its first drafts' success rate h extrapolated
+        as 1 + h + ... + h^k) at least `DRAFTS_PAY_AT` tokens per row and step."""
+        return self.draft_yield >= DRAFTS_PAY_AT
+
+    def _histories(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), window] the tokens of `rows` by cache slot, pending token included
+        (zeros past them and for padding rows, index `batch`): the drafts' lookup."""
+        history = np.zeros((len(rows), self.window), np.int32)
+        for i, r in enumerate(rows):
+            if r < self.num_rows:
+                sequence = self.sequences[r][: self.window]
+                history[i, : len(sequence)] = sequence
+        return history
 
     def training_arrays(self, rows: Sequence[int] | None = None,
                         length: int | None = None) -> dict[str, np.ndarray]:

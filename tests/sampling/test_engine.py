@@ -10,7 +10,8 @@ from tests.sampling.test_sampler import CFG
 
 @pytest.fixture(scope="module")
 def sampler():
-    return Sampler(Transformer(CFG, rngs=nnx.Rngs(0)))
+    """One token a decode step (no drafts), so the schedules the tests assert are known."""
+    return Sampler(Transformer(CFG, rngs=nnx.Rngs(0)), draft_tokens=0)
 
 
 def mixed_requests():
