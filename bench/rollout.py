@@ -2,6 +2,7 @@
 
     python bench/rollout.py [--conversations 64] [--slots 0] [--max-turns 3] [--new-tokens 256]
                             [--repeats 1] [--skip-engine] [--skip-transformers]
+                            [--draft-tokens N] [--ablation]
 
 SmolLM2-135M-Instruct (float32, 2 threads), greedy, natural EOS, at most --new-tokens per turn.
 Half the conversations are single-turn answers to chat questions, half are multi-turn plays of
@@ -10,9 +11,12 @@ between turns, with the Agent's system prompt and chat format of the SPADE rollo
 workload runs three ways, each timed end to end (prefill, decode, appends, env steps):
 - engine: `spade_jax.sampling.Engine` with a slot per conversation, as `play_episodes` runs
   it (a conversation's next turn starts as soon as its environment answered, while the others
-  keep decoding), or with --slots rows, a freed slot refilled at once;
-- static: one `Session` for all conversations, turn by turn (what `play_episodes` did until
-  2026-12-05): each turn decodes every playing row until the last one stops;
+  keep decoding), or with --slots rows, a freed slot refilled at once; its greedy decode steps
+  verify --draft-tokens prompt-lookup drafts per row (default: the sampler's,
+  `spade_jax.sampling.drafts`);
+- static: one `Session` for all conversations, turn by turn, one token a step (what
+  `play_episodes` did until 2026-12-05): each turn decodes every playing row until the last
+  one stops;
 - transformers: `generate` on the same token ids, turn by turn, each turn re-prefilling the
   conversation so far (left-padded batch), stopping at EOS.
 Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds, including
@@ -21,10 +25,11 @@ warm-up cannot meet every shape the schedule produces). With --repeats 2 each wa
 workload again: what a run of many rollouts sees once its programs are compiled. Outputs are
 compared token for token: greedy decoding is deterministic, but a float near-tie between two
 implementations may pick the other token, after which a play's conversation diverges.
-Our two ways also print their decode steps (iterations of the decode loop, each a forward of
-every row the program computes): on a device where a step costs about the same for any row
-count, as a memory-bound accelerator decode does, their decode times are about in the
-steps' ratio.
+--ablation adds the engine without drafts and the static session with them, to split the
+engine's gain between its schedule and its drafts. Our ways also print their decode steps
+(iterations of the decode loop, each a forward of every row the program computes): on a
+device where a step costs about the same for any row count, as a memory-bound accelerator
+decode does, their decode times are about in the steps' ratio.
 """
 
 from __future__ import annotations
@@ -100,11 +105,12 @@ class Workload:
         return self.chat.observation_turn(str(observation)[:2048], stopped)
 
 
-def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: int):
+def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: int,
+               drafts: int):
     from spade_jax.sampling import Engine, Request
 
     envs, turns_done = work.new_envs(), {}
-    engine = Engine(sampler, slots=slots, capacity=capacity)
+    engine = Engine(sampler, slots=slots, capacity=capacity, draft_tokens=drafts)
     served = engine.run(
         [Request(p, new_tokens) for p in work.prompts],
         on_turns=lambda ended: {i: obs for i, t in ended.items() if (obs := work.next_observation(
@@ -113,10 +119,10 @@ def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: i
     return [[t.tokens for t in c.turns] for c in served], engine.decode_steps
 
 
-def run_static(sampler, work: Workload, new_tokens: int, capacity: int):
+def run_static(sampler, work: Workload, new_tokens: int, capacity: int, drafts: int):
     envs, turns_done = work.new_envs(), {}
     n = len(work.prompts)
-    session = sampler.start(work.prompts, capacity=capacity)
+    session = sampler.start(work.prompts, capacity=capacity, draft_tokens=drafts)
     answers: list[list[list[int]]] = [[] for _ in range(n)]
     active = [True] * n
     while any(active):
@@ -177,13 +183,18 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of our two ways (transformers compiles nothing: it runs once)")
+                        help="runs of our ways (transformers compiles nothing: it runs once)")
+    parser.add_argument("--draft-tokens", type=int, default=None,
+                        help="the engine's drafts per greedy step (default: the sampler's)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also the engine without drafts and the static session with them")
     args = parser.parse_args()
     slots = args.slots or args.conversations
 
 
     import spade_jax
     from spade_jax.sampling import Sampler
+    from spade_jax.sampling.sampler import DRAFT_TOKENS
     from spade_jax.spade.rollout import ChatFormat
 
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
@@ -192,16 +203,24 @@ def main() -> None:
     chat = ChatFormat(policy.tokenizer)
     work = Workload(args.conversations, args.max_turns, chat, policy.tokenizer)
     capacity = max(len(p) for p in work.prompts) + args.max_turns * (args.new_tokens + 512)
-    sampler = Sampler(policy.model)
-    # compile the programs the runs reach outside the timings (a short run of both paths)
+    drafts = DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens
+    sampler = Sampler(policy.model)  # one sampler: the ways share its compiled programs
+    # compile the programs the runs reach outside the timings (a short run of each way)
     warm = Workload(4, 2, chat, policy.tokenizer)
-    run_engine(sampler, warm, min(slots, 4), 16, capacity)
-    run_static(sampler, warm, 16, capacity)
+    for k in {0, drafts}:
+        run_engine(sampler, warm, min(slots, 4), 16, capacity, k)
+        run_static(sampler, warm, 16, capacity, k)
 
     results, seconds = {}, {}
-    runs = {"static": lambda: run_static(sampler, work, args.new_tokens, capacity)}
+    runs = {"static": lambda: run_static(sampler, work, args.new_tokens, capacity, 0)}
     if not args.skip_engine:
-        runs["engine"] = lambda: run_engine(sampler, work, slots, args.new_tokens, capacity)
+        runs["engine"] = lambda: run_engine(sampler, work, slots, args.new_tokens, capacity,
+                                            drafts)
+    if args.ablation:
+        runs["engine, 0 drafts"] = lambda: run_engine(sampler, work, slots, args.new_tokens,
+                                                      capacity, 0)
+        runs[f"static, {drafts} drafts"] = lambda: run_static(sampler, work, args.new_tokens,
+                                                             capacity, drafts)
     if not args.skip_transformers:
         import torch
         import transformers
@@ -224,7 +243,7 @@ def main() -> None:
             results[name], steps = run()
             seconds[name] = time.perf_counter() - start
             tokens = sum(len(t) for turns in results[name] for t in turns)
-            print(f"run {repeat + 1} {name:>12}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
+            print(f"run {repeat + 1} {name:>16}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
                   f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} "
                   f"XLA compilations took {sum(compiling):.1f} s (load average "
                   f"{os.getloadavg()[0]:.2f})" + (f"; {steps} decode steps" if steps else ""),
@@ -233,7 +252,7 @@ def main() -> None:
             same = sum(a == b for a, b in zip(results[name], results["static"], strict=True))
             ratios = ", ".join(f"{ours} is {seconds[name] / seconds[ours]:.2f}x as fast"
                                for ours in ("static", "engine") if ours in seconds)
-            print(f"run {repeat + 1} {name:>12}: {same}/{len(work.prompts)} conversations "
+            print(f"run {repeat + 1} {name:>16}: {same}/{len(work.prompts)} conversations "
                   f"token-identical to the static session's; {ratios}", flush=True)
 
 

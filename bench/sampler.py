@@ -1,7 +1,7 @@
 """Greedy decode throughput: spade_jax sampler vs HF transformers `generate` (same run).
 
     python bench/sampler.py [--batches 1,8,32] [--new-tokens 128] [--runs 3]
-                            [--decode-dots ynnpack,emitter]
+                            [--decode-dots ynnpack,emitter] [--draft-tokens 0,4]
 
 SmolLM2-135M-Instruct in float32 on 2 threads, ~60-token chat prompts, EOS ignored so every row
 makes exactly --new-tokens tokens. tokens/s = batch x new tokens / wall time of one generate
@@ -9,7 +9,12 @@ call (prefill included), median over --runs after one warm-up (which compiles ou
 of `transformers` and ours interleaved, so a drift in the machine's speed (a shared VM's
 neighbours) moves both. --decode-dots times ours once per way of compiling the CPU decode's
 dots (`spade_jax.sampling.DecodeDots`; default: ynnpack, what a run uses), each against the same
-`transformers` baseline, so the dot paths' A/B on a machine is one command.
+`transformers` baseline, so the dot paths' A/B on a machine is one command. --draft-tokens
+does the same for the prompt-lookup drafts a greedy step verifies (`spade_jax.sampling.drafts`;
+default: none and the sampler's default). At batch 1 `transformers` also runs with its own
+prompt lookup (`generate(prompt_lookup_num_tokens=...)`, the same draft count; it takes one
+row only), a second baseline: drafts pay where the text repeats itself, as the continuations
+past EOS often do.
 
 Also printed, as context rather than a baseline: the "matmul bound", the tokens/s of the decoder's
 projection and unembedding matmuls alone with the same weights and batch (no attention, cache,
@@ -23,6 +28,7 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
@@ -157,10 +163,16 @@ def decode_bench_args(doc: str, parser: argparse.ArgumentParser | None = None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from spade_jax.sampling.sampler import DRAFT_TOKENS
+
     parser.add_argument("--decode-dots", default="ynnpack", type=decode_dots_list,
                         help="comma-separated DecodeDots values: ynnpack, emitter")
+    parser.add_argument("--draft-tokens", default=f"0,{DRAFT_TOKENS}",
+                        type=lambda v: [int(k) for k in v.split(",")],
+                        help="comma-separated draft counts per greedy step (0: none)")
     args = decode_bench_args(__doc__, parser)
     batches = args.batches
+    lookup = max(args.draft_tokens)  # the draft count of transformers' prompt lookup
 
     import torch
     import transformers
@@ -178,15 +190,17 @@ def main() -> None:
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     n = args.new_tokens
-    samplers = {dots: Sampler(policy.model, decode_dots=dots) for dots in args.decode_dots}
+    samplers = {(dots, k): Sampler(policy.model, decode_dots=dots, draft_tokens=k)
+                for dots in args.decode_dots for k in args.draft_tokens}
 
     first_sampler = next(iter(samplers.values()))  # no second copy of the weights to compile
     ours_text = generate(policy.model, policy.tokenizer, chats[:1], max_new_tokens=48,
                          sampler=first_sampler)[0].text
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
           f"{os.getloadavg()[0]:.2f} (other work skews the figures)")
-    print(f"{'batch':>5} {'decode dots':>11} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6} "
-          f"{'matmul bound tok/s':>19} {'ours/bound':>10}")
+    print(f"{'batch':>5} {'decode dots':>11} {'drafts':>6} {'ours tok/s':>11} {'HF tok/s':>9} "
+          f"{'ratio':>6} {'HF lookup tok/s':>15} {'ratio':>6} {'matmul bound tok/s':>19} "
+          f"{'ours/bound':>10}")
     for batch in batches:
         prompts = [chats[i % len(chats)] for i in range(batch)]
 
@@ -194,22 +208,29 @@ def main() -> None:
                  for p in prompts]
         enc = hf_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
-        def baseline(enc=enc):
+        def baseline(enc=enc, **lookup_kwargs):
             with torch.no_grad():
                 hf.generate(**enc, do_sample=False, min_new_tokens=n, max_new_tokens=n,
-                            pad_token_id=hf_tok.pad_token_id or hf_tok.eos_token_id)
+                            pad_token_id=hf_tok.pad_token_id or hf_tok.eos_token_id,
+                            **lookup_kwargs)
 
+        baselines = {"transformers": baseline}
+        if batch == 1 and lookup:
+            baselines["lookup"] = partial(baseline, prompt_lookup_num_tokens=lookup)
         bound_tps = matmul_bound(policy, batch, n, args.runs)
-        seconds = timed_interleaved({"transformers": baseline} | {
-            dots: lambda prompts=prompts, sampler=sampler: generate(
+        seconds = timed_interleaved(baselines | {
+            variant: lambda prompts=prompts, sampler=sampler: generate(
                 policy.model, policy.tokenizer, prompts, max_new_tokens=n, ignore_eos=True,
-                sampler=sampler) for dots, sampler in samplers.items()}, args.runs)
+                sampler=sampler) for variant, sampler in samplers.items()}, args.runs)
         hf_tps = batch * n / seconds.pop("transformers")
-        for dots, ours_seconds in seconds.items():
+        lookup_tps = batch * n / seconds.pop("lookup") if "lookup" in seconds else None
+        for (dots, k), ours_seconds in seconds.items():
             ours_tps = batch * n / ours_seconds
-            print(f"{batch:>5} {dots.value:>11} {ours_tps:>11.1f} {hf_tps:>9.1f} "
-                  f"{ours_tps / hf_tps:>5.2f}x {bound_tps:>19.1f} {ours_tps / bound_tps:>9.0%}",
-                  flush=True)
+            against_lookup = (f"{lookup_tps:>15.1f} {ours_tps / lookup_tps:>5.2f}x"
+                              if lookup_tps else f"{'-':>15} {'-':>6}")
+            print(f"{batch:>5} {dots.value:>11} {k:>6} {ours_tps:>11.1f} {hf_tps:>9.1f} "
+                  f"{ours_tps / hf_tps:>5.2f}x {against_lookup} {bound_tps:>19.1f} "
+                  f"{ours_tps / bound_tps:>9.0%}", flush=True)
     with torch.no_grad():
         enc = hf_tok([hf_tok.apply_chat_template(chats[0], tokenize=False,
                                                  add_generation_prompt=True)],
