@@ -118,9 +118,10 @@ def base_config() -> ml_collections.ConfigDict:
     # v5e); `python -m spade_jax.plan` counts them.
     c.sampling.decode_weights = DecodeWeights.RESIDENT.value
     # Greedy turns (evaluation, the benchmarks) verify this many prompt-lookup drafts per row
-    # and decode step: the next tokens that followed the row's last few tokens earlier in its
-    # own text, kept up to the first the model contradicts, so outputs are unchanged
-    # (spade_jax/sampling/drafts.py). Sampled turns decode one token a step. 0: no drafts.
+    # and decode step while the lookups show they pay: the next tokens that followed the
+    # row's last few tokens earlier in its own text, kept up to the first the model
+    # contradicts, so outputs are unchanged (spade_jax/sampling/drafts.py, docs/DESIGN.md
+    # §5.3). Sampled turns decode one token a step. 0: no drafts.
     c.sampling.draft_tokens = DRAFT_TOKENS
 
     c.train = ml_collections.ConfigDict()

@@ -196,6 +196,7 @@ def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, m
     confirmed; with `draft_tokens` 0 (one token a step) it is the steps whose first draft
     the greedy token matched, what the host weighs before feeding drafts.
     """
+    lookup = lookup or draft_tokens > 0  # fed drafts are looked up
     model = nnx.merge(graphdef, state)
     layer_params, logits_of = weights_and_logits(model, fused)
     batch, window = pending.shape[0], layout.n_slots(cache[0][1])

@@ -37,8 +37,9 @@ pieces, which appending-equals-re-prefilling makes exact. So an extend's activat
 buffers, attention scores) are bounded whatever the prompts' lengths, and the extend program
 the memory plan compiles is the widest one a session runs.
 
-Drafts: a greedy decode step also feeds each row `draft_tokens` prompt-lookup drafts
-(`spade_jax.sampling.drafts`) and keeps the greedy tokens up to the first draft they
+Drafts: a greedy decode step looks up `draft_tokens` prompt-lookup drafts per row
+(`spade_jax.sampling.drafts`) and, while the session's record says they pay
+(`Session._drafts_pay`), feeds them and keeps the greedy tokens up to the first draft they
 contradict, so a row that repeats itself takes several tokens a step; sampled turns decode one
 token a step.
 
@@ -129,8 +130,8 @@ class Sampler:
     `decode_dots`: how the CPU decode programs compile their dots (`DecodeDots`).
     `decode_weights`: whether a decode loop holds the weights gathered over 'fsdp' or gathers
     them every step (`DecodeWeights`).
-    `draft_tokens`: prompt-lookup drafts a greedy decode step verifies per row
-    (`spade_jax.sampling.drafts`; 0: none); sampled turns decode one token a step.
+    `draft_tokens`: prompt-lookup drafts a greedy decode step verifies per row while they
+    pay (`spade_jax.sampling.drafts`; 0: none); sampled turns decode one token a step.
     `reserved_bytes`: per device, what stays resident beside the sampler's programs (the
     trainer's state, `ResidentBytes.beside_sampler`); the TPU compiler keeps them within the
     rest of the HBM (`reserved_memory_options`).
