@@ -286,10 +286,10 @@ class Sampler:
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh)
-        # a decode's own static arguments (`rows` only keys the program); with `lookup` it
-        # takes the rows' histories too
+        # a decode's own static arguments (`rows` only keys the program); looking drafts up
+        # (fed drafts are) it takes the rows' histories too
         drafts = {k: static[k] for k in ("draft_tokens", "lookup") if k in static}
-        lookup = bool(static.get("lookup"))
+        lookup = bool(static.get("lookup") or static.get("draft_tokens"))
         if name == "extend":
             fn = partial(programs.extend, self.graphdef, layout=self.kv_layout)
             in_sh = (*head, row, mat, mat, mat)
