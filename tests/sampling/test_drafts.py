@@ -64,9 +64,11 @@ def always_feed(monkeypatch):
 
 
 @pytest.mark.parametrize("capacity", [64, 200])
-def test_greedy_turns_with_drafts_equal_those_without(model, capacity, always_feed):
+@pytest.mark.parametrize("weights_seed", [0, 1, 2])
+def test_greedy_turns_with_drafts_equal_those_without(capacity, weights_seed, always_feed):
     """Tokens, finish reasons and log-probs, over two turns with an append between, with a stop
     token, budgets, rows that fill their capacity and windows that grow between segments."""
+    model = Transformer(CFG, rngs=nnx.Rngs(weights_seed))
     plain = Sampler(model, draft_tokens=0).start(PROMPTS, capacity=capacity)
     drafting = Sampler(model, draft_tokens=4)
     drafted = drafting.start(PROMPTS, capacity=capacity)
