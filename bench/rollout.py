@@ -2,29 +2,32 @@
 
     python bench/rollout.py [--conversations 64] [--slots 0] [--max-turns 3] [--new-tokens 256]
                             [--repeats 1] [--skip-engine] [--skip-transformers]
-                            [--draft-tokens N] [--ablation]
+                            [--draft-tokens N] [--ablation] [--temperature T] [--top-p P]
 
-SmolLM2-135M-Instruct (float32, 2 threads), greedy, natural EOS, at most --new-tokens per turn.
+SmolLM2-135M-Instruct (float32, 2 threads), greedy (or sampled at --temperature, --top-p: the
+SPADE rollout's own setting), natural EOS, at most --new-tokens per turn.
 Half the conversations are single-turn answers to chat questions, half are multi-turn plays of
 the (non-tool-use) seed games, each environment run in this process and stepped on the host
 between turns, with the Agent's system prompt and chat format of the SPADE rollout. The same
 workload runs three ways, each timed end to end (prefill, decode, appends, env steps):
 - engine: `spade_jax.sampling.Engine` with a slot per conversation, as `play_episodes` runs
   it (a conversation's next turn starts as soon as its environment answered, while the others
-  keep decoding), or with --slots rows, a freed slot refilled at once; its greedy decode steps
+  keep decoding), or with --slots rows, a freed slot refilled at once; its decode steps
   verify --draft-tokens prompt-lookup drafts per row (default: the sampler's,
   `spade_jax.sampling.drafts`);
 - static: one `Session` for all conversations, turn by turn, one token a step (what
   `play_episodes` did until 2026-12-05): each turn decodes every playing row until the last
   one stops;
 - transformers: `generate` on the same token ids, turn by turn, each turn re-prefilling the
-  conversation so far (left-padded batch), stopping at EOS.
+  conversation so far (left-padded batch), stopping at EOS; greedy runs only (it samples with
+  a generator of its own, so at --temperature > 0 its conversations, and so its work, differ).
 Useful tokens/s = tokens the conversations generated (to their EOS) / wall seconds, including
 the compilations of shapes first met during the run (their count and seconds are printed: a
 warm-up cannot meet every shape the schedule produces). With --repeats 2 each way runs the
 workload again: what a run of many rollouts sees once its programs are compiled. Outputs are
-compared token for token: greedy decoding is deterministic, but a float near-tie between two
-implementations may pick the other token, after which a play's conversation diverges.
+compared token for token: greedy decoding is deterministic, and our ways draw a sampled token
+with the key of (seed, conversation, position) whichever step draws it; but a float near-tie
+between two implementations may pick the other token, after which a conversation diverges.
 --ablation adds the engine without drafts and the static session with them, to split the
 engine's gain between its schedule and its drafts. Our ways also print their decode steps
 (iterations of the decode loop, each a forward of every row the program computes): on a
@@ -106,7 +109,7 @@ class Workload:
 
 
 def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: int,
-               drafts: int):
+               drafts: int, sampling: dict):
     from spade_jax.sampling import Engine, Request
 
     envs, turns_done = work.new_envs(), {}
@@ -115,18 +118,20 @@ def run_engine(sampler, work: Workload, slots: int, new_tokens: int, capacity: i
         [Request(p, new_tokens) for p in work.prompts],
         on_turns=lambda ended: {i: obs for i, t in ended.items() if (obs := work.next_observation(
             envs, turns_done, i, t.tokens, t.stopped)) is not None},
-        stop_token_ids=[work.chat.eos_id])
+        stop_token_ids=[work.chat.eos_id], **sampling)
     return [[t.tokens for t in c.turns] for c in served], engine.decode_steps
 
 
-def run_static(sampler, work: Workload, new_tokens: int, capacity: int, drafts: int):
+def run_static(sampler, work: Workload, new_tokens: int, capacity: int, drafts: int,
+               sampling: dict):
     envs, turns_done = work.new_envs(), {}
     n = len(work.prompts)
     session = sampler.start(work.prompts, capacity=capacity, draft_tokens=drafts)
     answers: list[list[list[int]]] = [[] for _ in range(n)]
     active = [True] * n
     while any(active):
-        outputs = session.decode(new_tokens, stop_token_ids=[work.chat.eos_id], active=active)
+        outputs = session.decode(new_tokens, stop_token_ids=[work.chat.eos_id], active=active,
+                                 **sampling)
         observations = [None] * n
         for i, out in enumerate(outputs):
             if out is None:
@@ -185,11 +190,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of our ways (transformers compiles nothing: it runs once)")
     parser.add_argument("--draft-tokens", type=int, default=None,
-                        help="the engine's drafts per greedy step (default: the sampler's)")
+                        help="the engine's drafts per decode step (default: the sampler's)")
     parser.add_argument("--ablation", action="store_true",
                         help="also the engine without drafts and the static session with them")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; SPADE's Agent samples at 0.6, top-p 0.95")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
     slots = args.slots or args.conversations
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, seed=0)
+    if args.temperature > 0 and not args.skip_transformers:
+        print("transformers is not run at --temperature > 0: it samples other conversations")
+        args.skip_transformers = True
 
 
     import spade_jax
@@ -208,19 +220,20 @@ def main() -> None:
     # compile the programs the runs reach outside the timings (a short run of each way)
     warm = Workload(4, 2, chat, policy.tokenizer)
     for k in {0, drafts}:
-        run_engine(sampler, warm, min(slots, 4), 16, capacity, k)
-        run_static(sampler, warm, 16, capacity, k)
+        run_engine(sampler, warm, min(slots, 4), 16, capacity, k, sampling)
+        run_static(sampler, warm, 16, capacity, k, sampling)
 
     results, seconds = {}, {}
-    runs = {"static": lambda: run_static(sampler, work, args.new_tokens, capacity, 0)}
+    runs = {"static": lambda: run_static(sampler, work, args.new_tokens, capacity, 0,
+                                         sampling)}
     if not args.skip_engine:
         runs["engine"] = lambda: run_engine(sampler, work, slots, args.new_tokens, capacity,
-                                            drafts)
+                                            drafts, sampling)
     if args.ablation:
         runs["engine, 0 drafts"] = lambda: run_engine(sampler, work, slots, args.new_tokens,
-                                                      capacity, 0)
+                                                      capacity, 0, sampling)
         runs[f"static, {drafts} drafts"] = lambda: run_static(sampler, work, args.new_tokens,
-                                                             capacity, drafts)
+                                                             capacity, drafts, sampling)
     if not args.skip_transformers:
         import torch
         import transformers

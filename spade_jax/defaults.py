@@ -117,11 +117,11 @@ def base_config() -> ml_collections.ConfigDict:
     # step (per_step: for chips that cannot hold the gathered experts, e.g. 30B at 32k on
     # v5e); `python -m spade_jax.plan` counts them.
     c.sampling.decode_weights = DecodeWeights.RESIDENT.value
-    # Greedy turns (evaluation, the benchmarks) verify this many prompt-lookup drafts per row
-    # and decode step while the lookups show they pay: the next tokens that followed the
-    # row's last few tokens earlier in its own text, kept up to the first the model
-    # contradicts, so outputs are unchanged (spade_jax/sampling/drafts.py, docs/DESIGN.md
-    # §5.3). Sampled turns decode one token a step. 0: no drafts.
+    # Decode steps verify this many prompt-lookup drafts per row while the lookups show they
+    # pay: the next tokens that followed the row's last few tokens earlier in its own text,
+    # kept up to the first the model's choice contradicts. Greedy and sampled outputs are
+    # unchanged, since a sampled token depends on its position's key alone
+    # (spade_jax/sampling/drafts.py, docs/DESIGN.md §5.3). 0: no drafts.
     c.sampling.draft_tokens = DRAFT_TOKENS
 
     c.train = ml_collections.ConfigDict()

@@ -2,9 +2,9 @@
 
 Speculative decoding without a draft model (prompt lookup, as in vLLM's n-gram proposer): the
 row's last n tokens are looked up in its earlier tokens, and what followed their latest earlier
-occurrence is proposed as its next tokens. A greedy decode step then verifies the proposals in
-one forward (`programs.decode`'s `draft_tokens`), so a row that repeats itself, as small
-models' long answers and game plays often do, takes several tokens per step.
+occurrence is proposed as its next tokens. A decode step then verifies the proposals in one
+forward (`programs.decode`'s `draft_tokens`), greedy or sampled, so a row that repeats
+itself, as small models' long answers and game plays often do, takes several tokens per step.
 """
 
 from __future__ import annotations

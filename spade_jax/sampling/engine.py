@@ -91,7 +91,7 @@ class Engine:
     schedule depends only on the sampled tokens and on which replies are in at each pause
     (with `on_turns`, all of them), so the hosts of a multi-host run make the same program
     calls when their `replies` collect the same on every host. `draft_tokens`: prompt-lookup
-    drafts each greedy step verifies (`Sampler.start`; None: the sampler's).
+    drafts each decode step verifies (`Sampler.start`; None: the sampler's).
     """
 
     def __init__(self, sampler: Sampler, *, slots: int, capacity: int,
@@ -103,7 +103,7 @@ class Engine:
                              "ends a decode segment, in (0, 1]")
         self.sampler, self.slots, self.capacity = sampler, int(slots), int(capacity)
         self.pause_share = float(pause_share)
-        self.draft_tokens = draft_tokens  # drafts per greedy step (None: the sampler's)
+        self.draft_tokens = draft_tokens  # drafts per decode step (None: the sampler's)
         self.decode_steps = 0  # decode-loop iterations of the last run (`Session.decode_steps`)
 
     def run(self, requests: Sequence[Request], *, on_turns: TurnsCallback | None = None,

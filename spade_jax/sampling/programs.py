@@ -187,14 +187,17 @@ def decode(graphdef, state, fused, cache, lengths, pending, positions, limits, m
     them every step. Returns (cache, buffers, tokens per row, stopped per row, steps, record):
     `record` [2] counts the running rows' steps and, with `lookup`, their drafts' success.
 
-    `lookup` (greedy turns only: the caller passes temperature 0) carries each row's tokens by
-    slot from `history` [B, window] and looks up its prompt-lookup drafts every step
-    (`drafts.ngram_drafts`). With `draft_tokens` > 0 each step also feeds them, and each row
-    keeps the greedy tokens up to the first draft they contradict, so a step may take several
-    tokens with the tokens unchanged; a row takes no more than fit in the window, and the
-    loop ends when a running row filled it. The record's second count is then the drafts
-    confirmed; with `draft_tokens` 0 (one token a step) it is the steps whose first draft
-    the greedy token matched, what the host weighs before feeding drafts.
+    `lookup` carries each row's tokens by slot from `history` [B, window] and looks up its
+    prompt-lookup drafts every step (`drafts.ngram_drafts`). With `draft_tokens` > 0 each step
+    also feeds them and chooses a token at every fed position; each row keeps the chosen
+    tokens up to the first draft they contradict, so a step may take several tokens with the
+    tokens unchanged, sampled ones included: a token is a function of its position's logits
+    and its position's key (`row_keys`), whichever step computes it, so a draft stands with
+    the probability the sampled distribution gives it, as in speculative sampling, and the
+    sample is the one a step per token would draw. A row takes no more than fit in the
+    window, and the loop ends when a running row filled it. The record's second count is then
+    the drafts confirmed; with `draft_tokens` 0 (one token a step) it is the steps whose first
+    draft the chosen token matched, what the host weighs before feeding drafts.
     """
     lookup = lookup or draft_tokens > 0  # fed drafts are looked up
     model = nnx.merge(graphdef, state)

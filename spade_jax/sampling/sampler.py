@@ -37,11 +37,11 @@ pieces, which appending-equals-re-prefilling makes exact. So an extend's activat
 buffers, attention scores) are bounded whatever the prompts' lengths, and the extend program
 the memory plan compiles is the widest one a session runs.
 
-Drafts: a greedy decode step looks up `draft_tokens` prompt-lookup drafts per row
+Drafts: a decode step looks up `draft_tokens` prompt-lookup drafts per row
 (`spade_jax.sampling.drafts`) and, while the session's record says they pay
-(`Session._drafts_pay`), feeds them and keeps the greedy tokens up to the first draft they
-contradict, so a row that repeats itself takes several tokens a step; sampled turns decode one
-token a step.
+(`Session._drafts_pay`), feeds them and keeps the chosen tokens up to the first draft they
+contradict, so a row that repeats itself takes several tokens a step. Sampled tokens are
+unchanged too: each is drawn with its position's key, whichever step draws it.
 
 Shapes that reach the compiler are bucketed (window, extend width, stop-id list), and
 temperature / top-k / top-p / seed / limits are traced, so a session compiles a handful of
@@ -82,7 +82,7 @@ from spade_jax.sharding import (
     traced_in_mesh,
 )
 
-DRAFT_TOKENS = 4  # prompt-lookup drafts per greedy decode step (bench/rollout.py)
+DRAFT_TOKENS = 4  # prompt-lookup drafts per decode step (bench/rollout.py)
 PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device (its rows x width)
 # XLA:CPU sends dots to YNNPACK library fusions by default; XLA's own dot emitter is the other
 # way to compile the decode programs' dots (`DecodeDots`).
@@ -130,8 +130,8 @@ class Sampler:
     `decode_dots`: how the CPU decode programs compile their dots (`DecodeDots`).
     `decode_weights`: whether a decode loop holds the weights gathered over 'fsdp' or gathers
     them every step (`DecodeWeights`).
-    `draft_tokens`: prompt-lookup drafts a greedy decode step verifies per row while they
-    pay (`spade_jax.sampling.drafts`; 0: none); sampled turns decode one token a step.
+    `draft_tokens`: prompt-lookup drafts a decode step verifies per row while they pay
+    (`spade_jax.sampling.drafts`; 0: none).
     `reserved_bytes`: per device, what stays resident beside the sampler's programs (the
     trainer's state, `ResidentBytes.beside_sampler`); the TPU compiler keeps them within the
     rest of the HBM (`reserved_memory_options`).
@@ -356,6 +356,6 @@ class Sampler:
     def start(self, prompts: Sequence[Sequence[int]], *, capacity: int,
               draft_tokens: int | None = None) -> Session:
         """Prefill `prompts` (token ids, each non-empty) into a session with `capacity` slots;
-        its greedy steps verify `draft_tokens` drafts (None: the sampler's)."""
+        its decode steps verify `draft_tokens` drafts (None: the sampler's)."""
         return Session(self, prompts, capacity,
                        self.draft_tokens if draft_tokens is None else draft_tokens)

@@ -27,7 +27,7 @@ _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64
 # that the window tracks the longest row (attention reads the whole window every step),
 # large enough that a segment amortises its host round trip.
 _SEGMENT_MIN_STEPS = 32
-# Tokens per row and step from which a greedy segment feeds its drafts: a step with 4
+# Tokens per row and step from which a decode segment feeds its drafts: a step with 4
 # drafts costs more than one token's (its five queries per row), how much more depending on
 # the rows and the window (docs/performance.md), so drafts must take well over one token
 DRAFTS_PAY_AT = 1.6
@@ -110,7 +110,7 @@ class Session:
         self.sampler = sampler
         self.draft_tokens = check_draft_tokens(draft_tokens)
         # tokens per row and step that drafts gave or would give (`_drafts_pay`); until a
-        # greedy segment measured it, drafts are looked up but not fed
+        # segment measured it, drafts are looked up but not fed
         self.draft_yield = 1.0
         self.num_rows = len(prompts)
         multiple = sampler.batch_multiple
@@ -370,8 +370,8 @@ class Session:
         smaller = self._next_smaller_program(program_rows)
         if smaller:
             exit_after = min(exit_after, n_running - smaller)
-        # greedy turns look drafts up, and feed them while they pay (`_drafts_pay`)
-        lookup = self.draft_tokens > 0 and float(turn.settings[1]) == 0.0
+        # turns look drafts up, and feed them while they pay (`_drafts_pay`)
+        lookup = self.draft_tokens > 0
         drafts = self.draft_tokens if lookup and self._drafts_pay() else 0
         if lookup:  # weigh the drafts again soon
             max_steps = min(max_steps or DRAFT_CHECK_STEPS, DRAFT_CHECK_STEPS)
@@ -428,7 +428,7 @@ class Session:
             running[r] = not stopped[i] and turn.remaining[r] > 0
 
     def _drafts_pay(self) -> bool:
-        """Whether the next greedy segment feeds drafts: when the last one took (with drafts)
+        """Whether the next segment feeds drafts: when the last one took (with drafts)
         or would have taken (one token a step, its first drafts' success rate h extrapolated
         as 1 + h + ... + h^k) at least `DRAFTS_PAY_AT` tokens per row and step."""
         return self.draft_yield >= DRAFTS_PAY_AT

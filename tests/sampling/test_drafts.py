@@ -1,4 +1,5 @@
-"""Prompt-lookup drafts: golden lookups, and greedy decoding that verifies them is unchanged."""
+"""Prompt-lookup drafts: golden lookups, and decoding that verifies them (greedy or sampled)
+is unchanged."""
 
 import flax.nnx as nnx
 import jax
@@ -63,33 +64,67 @@ def always_feed(monkeypatch):
     monkeypatch.setattr(session_lib, "DRAFTS_PAY_AT", 0.0)
 
 
-@pytest.mark.parametrize("capacity", [64, 200])
-@pytest.mark.parametrize("weights_seed", [0, 1, 2])
-def test_greedy_turns_with_drafts_equal_those_without(capacity, weights_seed, always_feed):
-    """Tokens, finish reasons and log-probs, over two turns with an append between, with a stop
-    token, budgets, rows that fill their capacity and windows that grow between segments."""
+def echo_model(weights_seed: int, sharpness: float):
+    """Logits peaked at the newest token (the head is the embedding, the layers' writes are
+    scaled down), so sampled turns mostly repeat a token and now and then leave it: drafts
+    are confirmed often and refused often, both at temperature > 0."""
     model = Transformer(CFG, rngs=nnx.Rngs(weights_seed))
+    model.wo[...] *= 0.1
+    model.w_down[...] *= 0.1
+    model.lm_head[...] = model.embed[...].T
+    model.final_norm[...] *= sharpness
+    return model
+
+
+def assert_drafts_change_nothing(model, capacity, **sampling):
+    """Tokens, finish reasons and log-probs equal with and without drafts, over two turns with
+    an append between, with a stop token, budgets, rows that fill their capacity and windows
+    that grow between segments; returns the decode steps (without, with)."""
     plain = Sampler(model, draft_tokens=0).start(PROMPTS, capacity=capacity)
     drafting = Sampler(model, draft_tokens=4)
     drafted = drafting.start(PROMPTS, capacity=capacity)
-    first = plain.decode(40)[0].tokens
+    first = plain.decode(40, **sampling)[0].tokens
     plain = Sampler(model, draft_tokens=0).start(PROMPTS, capacity=capacity)
     stop = first[len(first) // 2]
     for budget in (40, 150):
-        a = plain.decode(budget, stop_token_ids=[stop])
-        b = drafted.decode(budget, stop_token_ids=[stop])
+        a = plain.decode(budget, stop_token_ids=[stop], **sampling)
+        b = drafted.decode(budget, stop_token_ids=[stop], **sampling)
         for x, y in zip(a, b, strict=True):
             assert x.tokens == y.tokens
             assert x.finish_reason == y.finish_reason
             np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+            np.testing.assert_allclose(x.sampling_logprobs, y.sampling_logprobs, atol=1e-4)
         observations = [[3, 4] if free >= 2 else None for free in plain.free_slots]
         plain.append(observations)
         drafted.append(observations)
-    assert drafted.decode_steps <= plain.decode_steps
     assert any(dict(key[3]).get("draft_tokens") == 4 for key in drafting._jitted)
     got, want = drafted.training_arrays(), plain.training_arrays()
     for key in want:
         np.testing.assert_allclose(got[key], want[key], atol=1e-4)
+    return plain.decode_steps, drafted.decode_steps
+
+
+@pytest.mark.parametrize("capacity", [64, 200])
+@pytest.mark.parametrize("weights_seed", [0, 1, 2])
+def test_greedy_turns_with_drafts_equal_those_without(capacity, weights_seed, always_feed):
+    model = Transformer(CFG, rngs=nnx.Rngs(weights_seed))
+    plain_steps, drafted_steps = assert_drafts_change_nothing(model, capacity)
+    assert drafted_steps <= plain_steps
+
+
+# the three ways `select_tokens` samples: top-p among candidates, top-k, the whole vocabulary
+SAMPLINGS = [dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=20),
+             dict(temperature=0.6)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["top_p", "top_k", "full"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampled_turns_with_drafts_equal_those_without(sampling, seed, always_feed):
+    """A sampled token depends on its position's logits and key only, so verifying drafts
+    draws the same samples as one token a step, while taking fewer steps."""
+    plain_steps, drafted_steps = assert_drafts_change_nothing(
+        echo_model(seed, sharpness=4.0), capacity=200, seed=seed, **sampling)
+    assert drafted_steps < 0.9 * plain_steps
 
 
 def repeating_model():
@@ -122,10 +157,14 @@ def test_drafts_are_not_fed_while_they_do_not_pay(monkeypatch):
     assert not any(dict(key[3]).get("draft_tokens") for key in sampler._jitted)
 
 
-def test_sampled_turns_decode_one_token_a_step(model):
-    session = Sampler(model, draft_tokens=4).start([[5] * 30], capacity=128)
-    [out] = session.decode(40, temperature=1.0, seed=3)
-    assert session.decode_steps == len(out.tokens) == 40
+def test_a_sampled_row_that_repeats_itself_takes_several_tokens_a_step():
+    """The gate weighs sampled turns as greedy ones: the first segment's first drafts were
+    mostly right, so the later segments feed them."""
+    session = Sampler(echo_model(0, sharpness=8.0), draft_tokens=4).start([[5] * 30],
+                                                                         capacity=256)
+    [out] = session.decode(160, temperature=0.7, top_p=0.9, seed=3)
+    assert len(out.tokens) == 160
+    assert session.decode_steps < 0.6 * 160
 
 
 def test_the_engine_serves_greedy_drafts_as_one_at_a_time(model, always_feed):
