@@ -9,9 +9,10 @@ All knobs are traced scalars, so changing them never recompiles:
   computed on the distribution left after temperature and top-k (renormalised), as in HF.
   With top-k on, this is a cumulative sum over the sorted candidates. With top-k off the nucleus
   can be larger than the candidate set: when the candidates already hold top_p of the mass for
-  every row it is taken from them (exact); otherwise a bisection on a probability threshold over
-  the full vocabulary finds the smallest kept set (exact up to ties and 30 halvings of the
-  threshold in log space) — O(vocab) per halving, never a sort.
+  every row it is taken from them (exact); otherwise, for the rows whose candidates miss it, a
+  bisection on a probability threshold over the full vocabulary finds the smallest kept set
+  (exact up to ties and 30 halvings of the threshold in log space) — O(vocab) per halving and
+  row, never a sort.
 - among candidates, sampling is Gumbel-max: a token's noise is a hash (Threefry) of its row's
   key and its vocabulary index, computed for the candidates only. Over the whole vocabulary
   (plain sampling, and the rows of the bisection path whose nucleus outgrows their
@@ -113,21 +114,41 @@ def _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys, top_k, top
     return chosen, logp
 
 
+_NUCLEUS_ROWS = 8  # rows per pass of the nucleus bisection over the whole vocabulary
+
+
 def _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, inside, keys, top_p):
     """Top-p alone, in a batch where some row's candidates miss top_p of the mass.
 
     A row whose nucleus lies `inside` its candidates samples exactly as the candidate path would
-    (the same noise), so its token does not depend on the other rows. The others find their
-    nucleus by bisection over the whole vocabulary and invert its cumulative distribution at
-    one uniform draw (`_sample_inverse_cdf`), with no noise for every vocabulary entry.
+    (the same noise), so its token does not depend on the other rows. The others, gathered
+    `_NUCLEUS_ROWS` at a time, find their nucleus by bisection over the whole vocabulary and
+    invert its cumulative distribution at one uniform draw (`_sample_inverse_cdf`), with no
+    noise for every vocabulary entry: the cost follows the rows outside (a few in a thousand
+    of a language model's steps at temperature 0.6, top-p 0.95), not the batch.
     """
-    cand_token, cand_logp = _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys,
-                                                    jnp.int32(0), top_p)
-    log_probs = scaled - full_log_norm[:, None]
-    threshold = _nucleus_threshold_bisect(log_probs, top_p)
-    nucleus = jnp.where(log_probs >= threshold[:, None], scaled, _NEG_INF)
-    token, logp = _sample_inverse_cdf(nucleus, keys)
-    return jnp.where(inside, cand_token, token), jnp.where(inside, cand_logp, logp)
+    tokens, logp = _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys,
+                                           jnp.int32(0), top_p)
+    batch = scaled.shape[0]
+    chunk = min(_NUCLEUS_ROWS, batch)
+    # the rows outside their candidates, then `batch` (no row: its results are dropped)
+    outside = jnp.nonzero(~inside, size=batch + chunk, fill_value=batch)[0]
+
+    def bisect_rows(state):
+        start, tokens, logp = state
+        rows = jax.lax.dynamic_slice(outside, (start,), (chunk,))
+        read = jnp.minimum(rows, batch - 1)
+        row_scaled = scaled[read]
+        log_probs = row_scaled - full_log_norm[read][:, None]
+        threshold = _nucleus_threshold_bisect(log_probs, top_p)
+        nucleus = jnp.where(log_probs >= threshold[:, None], row_scaled, _NEG_INF)
+        row_tokens, row_logp = _sample_inverse_cdf(nucleus, keys[read])
+        return (start + chunk, tokens.at[rows].set(row_tokens, mode="drop"),
+                logp.at[rows].set(row_logp, mode="drop"))
+
+    _, tokens, logp = jax.lax.while_loop(lambda state: state[0] < jnp.sum(~inside),
+                                         bisect_rows, (jnp.int32(0), tokens, logp))
+    return tokens, logp
 
 
 _CDF_BLOCK = 256  # vocabulary entries per block of the two-level cumulative sums

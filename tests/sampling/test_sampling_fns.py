@@ -112,6 +112,26 @@ def test_which_path_runs_never_changes_a_rows_token():
     assert len(set(np.asarray(alone).tolist())) > 1  # really sampled
 
 
+def test_rows_outside_their_candidates_sample_as_they_would_alone():
+    """The bisection gathers the rows whose candidates miss top_p a few at a time: 11 such rows
+    scattered among 29 others (two gathers, the second part-full) get the tokens and log-probs
+    each gets in a batch of its own."""
+    rng = np.random.default_rng(1)
+    peaked = rng.normal(size=(40, 50)).astype(np.float32)
+    peaked[:, :3] += 8.0
+    outside = rng.choice(40, size=11, replace=False)
+    logits = peaked.copy()
+    logits[outside] = rng.normal(scale=0.3, size=(11, 50))
+    keys = _keys(40, 4)
+    knobs = dict(temperature=1.0, top_k=0, top_p=0.9, max_top_k=4)
+    tokens, _, logp = _select(jnp.asarray(logits), keys, **knobs)
+    for r in outside:
+        alone, _, alone_logp = _select(jnp.asarray(logits[r:r + 1]), keys[r:r + 1], **knobs)
+        assert int(tokens[r]) == int(alone[0])
+        np.testing.assert_allclose(float(logp[r]), float(alone_logp[0]), atol=1e-5)
+    assert len(set(np.asarray(tokens)[outside].tolist())) > 3  # really sampled, per row
+
+
 def test_temperature_zero_is_greedy():
     logits = jnp.asarray(np.random.default_rng(1).normal(size=(5, 30)), jnp.float32)
     tokens, _, sampling_logp = _select(logits, _keys(5), temperature=0.0, top_k=20, top_p=0.9)
