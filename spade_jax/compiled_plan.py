@@ -15,7 +15,7 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.plan import GIB, TrainShape, rollout_step
 from spade_jax.sharding import ResidentBytes
 
-SAMPLER_PROGRAMS = ("sampler.extend", "sampler.decode")
+SAMPLER_PROGRAMS = ("sampler.extend", "sampler.decode", "sampler.decode_drafts")
 MIN_COMPILED_LAYERS = 2  # XLA compiles a one-step layer loop as straight-line code, whose
 # buffers are not on the line through deeper programs
 
@@ -68,7 +68,8 @@ class CompiledPlan:
     def sampling_peak(self) -> int:
         """The larger sampler program (its weights and KV cache are its arguments) beside what
         stays resident (`ResidentBytes.beside_sampler`)."""
-        program = max(self.program_peak(name) for name in SAMPLER_PROGRAMS)
+        program = max(self.program_peak(name) for name in SAMPLER_PROGRAMS
+                      if name in self.program_peaks)
         return program + self.resident.beside_sampler
 
     @property

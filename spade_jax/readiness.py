@@ -204,7 +204,8 @@ def train_batch(rows: int, seq_len: int) -> dict:
     return {k: jax.ShapeDtypeStruct(shape, d) for k, d in dtypes.items()}
 
 
-PROGRAMS = ("train_step", "sampler.extend", "sampler.decode")  # what `check` compiles
+# what `check` compiles: the drafts' decode where the sampler feeds drafts
+PROGRAMS = ("train_step", "sampler.extend", "sampler.decode", "sampler.decode_drafts")
 
 
 def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
@@ -214,7 +215,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
     """Lower (and compile) the train step and the sampler programs of `run_cfg`.
 
     `layers` replaces the decoder depth (None: the config's); `programs` keeps only those
-    programs (None: all three). `devices` (None: the visible ones) may be a TPU topology's
+    programs (None: all). `devices` (None: the visible ones) may be a TPU topology's
     (`spade_jax.plan.tpu_topology_devices`): the programs are then compiled ahead of time by
     the TPU compiler, with no TPU attached, each for the HBM its chip has beside the arrays
     that stay resident through the other phase (`ResidentBytes`, as the runtime compiles them).
@@ -278,6 +279,9 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
         "sampler.extend": lambda: sampler.lower("extend", rollout_batch, context, width=width),
         "sampler.decode": lambda: sampler.lower("decode", rollout_batch, context),
     }
+    if sampler.draft_tokens:  # its queries: each row's pending token and drafts
+        lowerers["sampler.decode_drafts"] = lambda: sampler.lower(
+            "decode", rollout_batch, context, draft_tokens=sampler.draft_tokens)
     if programs is not None:
         lowerers = {name: lowerers[name] for name in programs}
     reports = []
@@ -302,7 +306,7 @@ def check(run_cfg, n_devices: int, *, layers: int | None, seq_len: int | None,
                    rollout_batch=rollout_batch, context=context, full_state=full,
                    n_devices=n_devices, model_cfg=model_cfg,
                    logit_positions=min(t.logprob_chunk, seq_len - 1),
-                   remat=Remat(t.remat).recompute_layers)
+                   remat=Remat(t.remat).recompute_layers, draft_tokens=sampler.draft_tokens)
     return reports, summary
 
 
@@ -436,6 +440,13 @@ def cost_lines(reports: list[ProgramReport], summary: dict, plan=None) -> list[s
         y = decode_flops_reference(cfg, summary["context"])
         out.append(f"decode step FLOPs/token: {_flops(x)} (2·N_active + attention over "
                    f"{summary['context']} slots: {_flops(y)}, ratio {x / y:.2f})")
+    drafts = by_name.get("sampler.decode_drafts")
+    if drafts is not None and drafts.flops:
+        fed = 1 + summary["draft_tokens"]
+        x = flops_per_token(drafts, n_devices, summary["rollout_batch"] * fed)
+        y = decode_flops_reference(cfg, summary["context"])
+        out.append(f"  with {summary['draft_tokens']} drafts, per fed token: {_flops(x)} "
+                   f"(ratio {x / y:.2f}; a step takes 1 to {fed} tokens a row)")
     if train is not None and train.memory and plan is not None:
         gib = 1 << 30
         out.append(f"train step peak per device: XLA {train.memory['peak'] / gib:.2f} GiB (CPU "

@@ -323,9 +323,11 @@ class Sampler:
                    **reserved_memory_options(self.mesh, self.reserved_bytes)}
         return options or None
 
-    def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET):
+    def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET,
+              draft_tokens: int = 0):
         """`jax.jit(...).lower` of the 'extend' (`width` tokens per row) or 'decode' program
-        over a cache window of `window` slots (the largest a session reaches is its capacity).
+        over a cache window of `window` slots (the largest a session reaches is its capacity);
+        a decode with `draft_tokens` is the one a session runs while drafts pay.
 
         Works with abstract weights; `.compile()` the result to check it builds on this mesh.
         """
@@ -351,6 +353,10 @@ class Sampler:
                 scalar_of(jnp.int32), sds((STOP_ID_SLOTS,), jnp.int32, scalar),
                 scalar_of(jnp.float32), scalar_of(jnp.int32), scalar_of(jnp.float32),
                 scalar_of(jnp.uint32), row(jnp.int32))
+        if draft_tokens:
+            args = (*args, sds((batch, window), jnp.int32))  # the rows' histories
+            return self.program("decode", batch, window, draft_tokens=check_draft_tokens(
+                draft_tokens), lookup=True).lower(*args)
         return self.program("decode", batch, window).lower(*args)
 
     def start(self, prompts: Sequence[Sequence[int]], *, capacity: int,

@@ -28,7 +28,7 @@ CFG = ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=8, n_kv_heads
 BATCH, WINDOW = 16, 8192
 
 
-def _decode_temp_and_cache_bytes(layout):
+def _decode_temp_and_cache_bytes(layout, draft_tokens=0):
     devices = tpu_topology_devices("v5p-8")
     mesh = make_mesh((1, 2, 2), devices)
     model = nnx.eval_shape(lambda: Transformer(CFG, rngs=nnx.Rngs(0)))
@@ -36,7 +36,8 @@ def _decode_temp_and_cache_bytes(layout):
                       kv_layout=layout)
     assert devices[0].platform == "tpu" and Sampler(
         model, mesh=mesh, fuse_weights=False).kv_layout is KVLayout.SEQUENCE_MAJOR
-    memory = sampler.lower("decode", BATCH, WINDOW).compile().memory_analysis()
+    memory = sampler.lower("decode", BATCH, WINDOW,
+                           draft_tokens=draft_tokens).compile().memory_analysis()
     per_device_cache = CFG.n_layers * 2 * BATCH * WINDOW * CFG.n_kv_heads * CFG.head_dim * 2 / 4
     return memory.temp_size_in_bytes, per_device_cache
 
@@ -46,6 +47,12 @@ def test_tpu_decode_keeps_the_sequence_major_cache_in_place():
     assert temp < 0.25 * cache, (temp, cache)
     copied, _ = _decode_temp_and_cache_bytes(KVLayout.HEAD_MAJOR)
     assert copied > 0.5 * cache, (copied, cache)  # the copies this layout exists to avoid
+
+
+def test_tpu_decode_with_drafts_keeps_the_cache_in_place_too():
+    """Each step writes a row's pending token and its 4 drafts (5 slots) from its own slot."""
+    temp, cache = _decode_temp_and_cache_bytes(KVLayout.SEQUENCE_MAJOR, draft_tokens=4)
+    assert temp < 0.25 * cache, (temp, cache)
 
 
 MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_heads=4,

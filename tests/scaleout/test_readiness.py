@@ -134,9 +134,11 @@ def test_readiness_command_compiles_30b_at_two_layers_and_counts_its_flops():
     out = result.stdout
     assert "(32 devices, cpu backend)" in out
     assert "48 layers, 30.53B parameters" in out
-    for program in ("train_step ", "sampler.extend", "sampler.decode"):
+    for program in ("train_step ", "sampler.extend", "sampler.decode ",
+                    "sampler.decode_drafts"):
         assert program in out, program
-    assert out.count("compiled OK") == 3, out
+    assert out.count("compiled OK") == 4, out
+    assert "with 4 drafts, per fed token" in out
     assert "per device: arguments" in out
     assert out.rstrip().endswith("readiness: OK")
     ratio, with_recompute = _ratios(out.splitlines())
