@@ -28,9 +28,9 @@ _MIN_WINDOW = 64  # smallest cache window: fewer programs, and attention over 64
 # large enough that a segment amortises its host round trip.
 _SEGMENT_MIN_STEPS = 32
 # Tokens per row and step from which a decode segment feeds its drafts: a step with 4
-# drafts costs more than one token's (its five queries per row), how much more depending on
-# the rows and the window (docs/performance.md), so drafts must take well over one token
-DRAFTS_PAY_AT = 1.6
+# drafts computes five queries a row, which on a CPU costs 2.1-2.8x a one-token step at 8-64
+# rows (docs/performance.md); a memory-bound accelerator would pay less (not measured)
+DRAFTS_PAY_AT = 2.4
 # While drafts are looked up, a segment ends after this many steps to weigh them again
 DRAFT_CHECK_STEPS = 32
 # The fewest rows a decode computes once finished rows are dropped from it (each row count is
