@@ -10,7 +10,7 @@ of `transformers` and ours interleaved, so a drift in the machine's speed (a sha
 neighbours) moves both. --decode-dots times ours once per way of compiling the CPU decode's
 dots (`spade_jax.sampling.DecodeDots`; default: ynnpack, what a run uses), each against the same
 `transformers` baseline, so the dot paths' A/B on a machine is one command. --draft-tokens
-does the same for the prompt-lookup drafts a greedy step verifies (`spade_jax.sampling.drafts`;
+does the same for the prompt-lookup drafts a decode step verifies (`spade_jax.sampling.drafts`;
 default: none and the sampler's default). At batch 1 `transformers` also runs with its own
 prompt lookup (`generate(prompt_lookup_num_tokens=...)`, the same draft count; it takes one
 row only), a second baseline: drafts pay where the text repeats itself, as the continuations

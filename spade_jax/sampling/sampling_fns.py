@@ -124,8 +124,8 @@ def _sample_full_vocab(scaled, cand_vals, cand_idx, full_log_norm, inside, keys,
     (the same noise), so its token does not depend on the other rows. The others, gathered
     `_NUCLEUS_ROWS` at a time, find their nucleus by bisection over the whole vocabulary and
     invert its cumulative distribution at one uniform draw (`_sample_inverse_cdf`), with no
-    noise for every vocabulary entry: the cost follows the rows outside (a few in a thousand
-    of a language model's steps at temperature 0.6, top-p 0.95), not the batch.
+    noise for every vocabulary entry: the cost follows the rows outside, rare for a language
+    model at the usual top-p, not the batch (a step verifying 4 drafts samples 5 per row).
     """
     tokens, logp = _sample_from_candidates(cand_vals, cand_idx, full_log_norm, keys,
                                            jnp.int32(0), top_p)
