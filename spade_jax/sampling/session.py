@@ -124,6 +124,10 @@ class Session:
         self.logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
         self.sampling_logprobs: list[list[float]] = [[] for _ in range(self.num_rows)]
         self.cache = None
+        # the lookups' histories on the host: [batch + 1, window] tokens by slot (row `batch`:
+        # padding), rows filled from `sequences` up to `history_filled` tokens
+        self.history = np.zeros((self.batch + 1, 0), np.int32)
+        self.history_filled = np.zeros((self.num_rows,), np.int64)
         # decode-loop iterations so far: where a step costs about the same for any row count
         # (a memory-bound accelerator), the decode's time is proportional to them
         self.decode_steps = 0
@@ -145,6 +149,7 @@ class Session:
             self.logprobs[r] = [0.0] * len(prompt)
             self.sampling_logprobs[r] = [0.0] * len(prompt)
             self.lengths[r] = 0
+            self.history_filled[r] = 0
             self.refused[r] = len(prompt) > self.slots
             if not self.refused[r]:
                 blocks[r] = prompt[:-1]
@@ -435,13 +440,20 @@ class Session:
 
     def _histories(self, rows: np.ndarray) -> np.ndarray:
         """[len(rows), window] the tokens of `rows` by cache slot, pending token included
-        (zeros past them and for padding rows, index `batch`): the drafts' lookup."""
-        history = np.zeros((len(rows), self.window), np.int32)
-        for i, r in enumerate(rows):
+        (past them zeros, or a restarted row's old tokens, which the lookup never reads; zeros
+        for padding rows, index `batch`): the drafts' lookup. Only the tokens added since the
+        last call are copied from `sequences`."""
+        if self.history.shape[1] < self.window:
+            self.history = np.pad(self.history,
+                                  ((0, 0), (0, self.window - self.history.shape[1])))
+        for r in rows:
             if r < self.num_rows:
-                sequence = self.sequences[r][: self.window]
-                history[i, : len(sequence)] = sequence
-        return history
+                end = min(len(self.sequences[r]), self.window)
+                start = self.history_filled[r]
+                if start < end:
+                    self.history[r, start:end] = self.sequences[r][start:end]
+                    self.history_filled[r] = end
+        return self.history[rows]
 
     def training_arrays(self, rows: Sequence[int] | None = None,
                         length: int | None = None) -> dict[str, np.ndarray]:

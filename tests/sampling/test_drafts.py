@@ -178,6 +178,30 @@ def test_the_engine_serves_greedy_drafts_as_one_at_a_time(model, always_feed):
             if key[0].startswith("decode")} == {0, 3}
 
 
+def test_the_lookup_histories_follow_prompts_answers_observations_and_restarts(model):
+    """The session copies only new tokens into its host histories; each row's slots up to its
+    pending token must hold its sequence through decodes, appends, window growth and a
+    restart with a shorter prompt (slots past a row's tokens are never looked at)."""
+    session = Sampler(model, draft_tokens=4).start(PROMPTS, capacity=300)
+
+    def check():
+        rows = np.arange(session.batch + 1)
+        got = session._histories(rows)
+        assert got.shape == (session.batch + 1, session.window)
+        for r, sequence in enumerate(session.sequences):
+            assert got[r, :len(sequence)].tolist() == sequence[: session.window]
+        assert not got[session.batch].any()  # the padding row
+
+    session.decode(20)
+    check()
+    session.append([[3, 4, 5]] * len(PROMPTS))
+    session.decode(150)  # the window grows
+    check()
+    session.restart({1: [9, 8]})
+    session.decode(10)
+    check()
+
+
 def test_draft_tokens_out_of_range_is_refused(model):
     with pytest.raises(ValueError, match="draft_tokens=8"):
         Sampler(model, draft_tokens=8)
