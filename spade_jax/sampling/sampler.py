@@ -88,6 +88,10 @@ PREFILL_TOKENS_PER_DEVICE = 65536  # tokens one extend call computes per device 
 # way to compile the decode programs' dots (`DecodeDots`).
 CPU_DECODE_PROGRAMS = frozenset({"decode", "decode_rows"})
 XLA_DOT_EMITTER = {"xla_cpu_experimental_ynn_fusion_type": ""}  # XLA:CPU options: no YNNPACK
+# An extend (prefill / append) of this many tokens per device or more compiles its dots with
+# XLA's emitter on CPU: YNNPACK is faster for a few rows, the emitter for wide blocks
+# (bench/extend_dots.py).
+CPU_EXTEND_EMITTER_TOKENS = 1024
 
 
 class DecodeDots(enum.StrEnum):
@@ -132,6 +136,8 @@ class Sampler:
     them every step (`DecodeWeights`).
     `draft_tokens`: prompt-lookup drafts a decode step verifies per row while they pay
     (`spade_jax.sampling.drafts`; 0: none).
+    `extend_emitter_tokens`: on CPU, an extend call of this many tokens per device or more
+    compiles its dots with XLA's emitter rather than YNNPACK (None: never).
     `reserved_bytes`: per device, what stays resident beside the sampler's programs (the
     trainer's state, `ResidentBytes.beside_sampler`); the TPU compiler keeps them within the
     rest of the HBM (`reserved_memory_options`).
@@ -143,7 +149,8 @@ class Sampler:
                  kv_layout: KVLayout | str | None = None,
                  decode_dots: DecodeDots | str = DecodeDots.YNNPACK,
                  decode_weights: DecodeWeights | str = DecodeWeights.RESIDENT,
-                 draft_tokens: int = DRAFT_TOKENS, reserved_bytes: int = 0):
+                 draft_tokens: int = DRAFT_TOKENS, reserved_bytes: int = 0,
+                 extend_emitter_tokens: int | None = CPU_EXTEND_EMITTER_TOKENS):
         if int(prefill_tokens) < MIN_BUCKET:
             raise ValueError(f"prefill_tokens={prefill_tokens!r}: an extend needs room for at "
                              f"least {MIN_BUCKET} tokens per device")
@@ -160,6 +167,7 @@ class Sampler:
         self.decode_weights = DecodeWeights(decode_weights)
         self.fuse_weights = jax.default_backend() == "cpu" if fuse_weights is None else fuse_weights
         self.reserved_bytes = int(reserved_bytes)
+        self.extend_emitter_tokens = extend_emitter_tokens
         self.graphdef, state = nnx.split(model)
         self._state_shardings = param_shardings(state, self.mesh)
         self._prepare = jax.jit(
@@ -269,7 +277,8 @@ class Sampler:
 
     def program(self, name: str, batch: int, window: int, **static):
         """The jitted 'extend', 'extend_rows' or 'decode_rows' (static `rows`: how many),
-        'decode' or 'grow_layer' (to `static['new_window']` slots) program."""
+        'decode' or 'grow_layer' (to `static['new_window']` slots) program. The extends also
+        take their block's `width` (tokens per row), which chooses their CPU dot path."""
         key = (name, batch, window, tuple(sorted(static.items())))
         if key in self._jitted:
             return self._jitted[key]
@@ -282,7 +291,7 @@ class Sampler:
                 partial(programs.grow_layer, **static, layout=self.kv_layout),
                 in_shardings=cache_sh[0],
                 out_shardings=self._cache_shardings(batch, static["new_window"])[0],
-                compiler_options=self._compiler_options(name))
+                compiler_options=self._compiler_options(name, batch, static))
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh)
@@ -313,14 +322,23 @@ class Sampler:
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar, scalar)
         self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
                                     out_shardings=out_sh, donate_argnums=(2,),
-                                    compiler_options=self._compiler_options(name))
+                                    compiler_options=self._compiler_options(name, batch,
+                                                                            static))
         return self._jitted[key]
 
-    def _compiler_options(self, program: str) -> dict | None:
-        """XLA options of `program`: the decode's dot path, the HBM reserved beside it."""
+    def _compiler_options(self, program: str, batch: int, static: dict) -> dict | None:
+        """XLA options of `program`: the CPU dot path of a decode (`decode_dots`) or of an
+        extend (by its tokens per device, `extend_emitter_tokens`), the HBM reserved beside
+        it."""
         platform = self.mesh.devices.flat[0].platform
         options = {**(self.decode_dots.compiler_options(platform, program) or {}),
                    **reserved_memory_options(self.mesh, self.reserved_bytes)}
+        if (platform == "cpu" and program in ("extend", "extend_rows")
+                and self.extend_emitter_tokens is not None):
+            rows = (static["rows"] if program == "extend_rows"
+                    else self.batch_sharding((batch,)).shard_shape((batch,))[0])
+            if rows * static["width"] >= self.extend_emitter_tokens:
+                options |= XLA_DOT_EMITTER
         return options or None
 
     def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET,
@@ -347,7 +365,7 @@ class Sampler:
         if name == "extend":
             block = (batch, width)
             args = (*head, sds(block, jnp.int32), sds(block, jnp.bool_), sds(block, jnp.int32))
-            return self.program("extend", batch, window).lower(*args)
+            return self.program("extend", batch, window, width=width).lower(*args)
         scalar_of = lambda dtype: sds((), dtype, scalar)  # noqa: E731
         args = (*head, row(jnp.int32), row(jnp.int32), row(jnp.int32), scalar_of(jnp.int32),
                 scalar_of(jnp.int32), sds((STOP_ID_SLOTS,), jnp.int32, scalar),

@@ -230,12 +230,12 @@ class Session:
         lengths = np.append(self.lengths, 0)[rows]  # padding rows: empty
         if subset:
             program = self.sampler.program("extend_rows", self.batch, self.window,
-                                            rows=len(rows))
+                                            rows=len(rows), width=width)
             self.cache = program(self.sampler.state, self.sampler.fused_weights, self.cache,
                                  *map(self.sampler.put_replicated,
                                      (lengths, rows, tokens, mask, positions)))
         else:
-            program = self.sampler.program("extend", self.batch, self.window)
+            program = self.sampler.program("extend", self.batch, self.window, width=width)
             self.cache = program(
                 self.sampler.state, self.sampler.fused_weights, self.cache,
                 *map(self.sampler.put_batch, (lengths, tokens, mask, positions)))

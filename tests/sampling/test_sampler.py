@@ -465,6 +465,34 @@ def test_only_an_emitter_run_compiles_the_cpu_decode_without_ynnpack(dots, platf
     assert options == (XLA_DOT_EMITTER if plain else None)
 
 
+@pytest.mark.parametrize("rows, width, ynnpack", [(2, 16, True), (4, 16, False),
+                                                  (2, 32, False)])
+def test_a_cpu_extend_of_many_tokens_compiles_its_dots_with_the_emitter(model, rows, width,
+                                                                         ynnpack):
+    """From `extend_emitter_tokens` tokens per call (rows x width) an extend compiles without
+    YNNPACK's fusions; a narrower one keeps them."""
+    sampler = Sampler(model, extend_emitter_tokens=64)
+    compiled = sampler.lower("extend", rows, 64, width=width).compile().as_text()
+    assert ("__ynn_fusion" in compiled) is ynnpack
+
+
+def test_extends_on_either_dot_path_sample_the_same_tokens(model):
+    """The dot path changes how XLA computes an extend, not what: the same tokens and
+    log-probs whether every extend compiles with the emitter or none does, over a prefill and
+    a multi-row append (the rows' own extends)."""
+    prompts = [[1 + (i * 7 + j) % 50 for j in range(9 + 3 * i)] for i in range(6)]
+    runs = []
+    for threshold in (1, None):
+        session = Sampler(model, extend_emitter_tokens=threshold).start(prompts, capacity=96)
+        first = session.decode(5, temperature=1.0, seed=2)
+        session.append([[3, 4, 5, 6]] * 2 + [None] * 4)
+        runs.append(first + session.decode(6, temperature=1.0, seed=2))
+    emitter, ynnpack = runs
+    assert [t and t.tokens for t in emitter] == [t and t.tokens for t in ynnpack]
+    for a, b in zip(emitter, ynnpack, strict=True):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def test_per_step_decode_weights_sample_the_same_tokens(model, sampler):
     """Gathering the weights every decode step (fsdp 4 x tensor 2 of fake CPU devices) changes
     where the weights live, not the maths: the same tokens and log-probs as one device."""
