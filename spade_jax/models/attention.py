@@ -81,6 +81,10 @@ class SlotMask(NamedTuple):
 
     kv_valid: jax.Array
     first_query_slot: jax.Array | int
+    # Where known, (start, end): slots no row holds a key in. An extend's cached keys end at
+    # its longest row and its block is staged at the window's end, so the key blocks between
+    # hold nothing to read (`_flash_attention` skips them).
+    empty_slots: tuple | None = None
 
     def dense(self, n_queries: int, key_start: jax.Array | int = 0,
               n_keys: int | None = None) -> jax.Array:
@@ -94,7 +98,8 @@ class SlotMask(NamedTuple):
 
     def narrowed(self, query_offset: jax.Array | int, n_keys: int) -> SlotMask:
         """The mask of the queries from `query_offset` on against the first `n_keys` slots."""
-        return SlotMask(self.kv_valid[:, :n_keys], self.first_query_slot + query_offset)
+        return SlotMask(self.kv_valid[:, :n_keys], self.first_query_slot + query_offset,
+                        self.empty_slots)
 
 
 def attention(
@@ -261,8 +266,10 @@ def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
 
     A loop over blocks of `key_block_size` keys keeps a running row max, row sum and
     unnormalised output in float32, so the largest score tensor is [B, H, C, block] however
-    long the window; blocks after the last query's slot are skipped (never visible). Forward
-    only: it serves the sampler. A query that sees no key gets zeros.
+    long the window; blocks after the last query's slot are skipped (never visible), and so
+    are those within `mask.empty_slots` (no key there): a skipped block would add nothing, so
+    the output is the same, bit for bit. Forward only: it serves the sampler.
+    A query that sees no key gets zeros.
     """
     batch, n_kv, group, length, head_dim = q.shape
     n_keys = layout.n_slots(v)
@@ -273,13 +280,23 @@ def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
     if pad:
         k, v = layout.pad_slots(k, v, pad)
         kv_valid = jnp.pad(kv_valid, ((0, 0), (0, pad)))
+    empty_slots = mask.empty_slots
     mask = SlotMask(kv_valid, mask.first_query_slot)
     rows = q.reshape(batch, n_kv, group * length, head_dim)
     last_slot = mask.first_query_slot + length - 1
     live = min if isinstance(last_slot, int) else jnp.minimum  # static: a differentiable scan
     n_live = live(n_blocks, last_slot // block + 1)
+    block_index = lambda j: j  # noqa: E731
+    n_visited = n_live
+    if empty_slots is not None:  # visit [0, first_empty), then from first_empty + skipped
+        start, end = empty_slots
+        first_empty = -(-start // block)
+        skipped = jnp.maximum(jnp.minimum(end // block, n_live) - first_empty, 0)
+        block_index = lambda j: jnp.where(j < first_empty, j, j + skipped)  # noqa: E731
+        n_visited = n_live - skipped
 
-    def step(i, carry):
+    def step(j, carry):
+        i = block_index(j)
         row_max, row_sum, acc = carry
         k_block, v_block = layout.slots(k, v, i * block, block)
         visible = mask.dense(length, i * block, block)[:, None, None]  # [B, 1, 1, C, block]
@@ -297,7 +314,7 @@ def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
 
     stats = jnp.full((batch, n_kv, group, length), MASK_VALUE, jnp.float32)
     init = (stats, jnp.zeros_like(stats), jnp.zeros(q.shape, jnp.float32))
-    _, row_sum, acc = jax.lax.fori_loop(0, n_live, step, init)
+    _, row_sum, acc = jax.lax.fori_loop(0, n_visited, step, init)
     return (acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]).astype(q.dtype)
 
 

@@ -229,6 +229,7 @@ def unrolled_forward(
     layout: KVLayout = KVLayout.HEAD_MAJOR,
     *,
     stream_weights: bool = False,
+    empty_slots: tuple | None = None,
 ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """The cached forward of `Transformer.__call__` with a Python loop over layers.
 
@@ -239,6 +240,7 @@ def unrolled_forward(
     `stream_weights`: each layer's weights pass an optimization barrier with the previous
     layer's input, so their gather over 'fsdp' waits until then: one layer ahead of its use,
     never hoisted out of a loop around this forward, a few layers' gathered weights live.
+    `empty_slots` (start, end): cache slots no row holds a key in (`SlotMask.empty_slots`).
     """
     cfg = model.cfg
     dtype = layer_params[0]["attn_norm"].dtype
@@ -248,7 +250,7 @@ def unrolled_forward(
     # constraint cost the TPU decode temporaries).
     split_rows = tokens.shape[1] > 1
     x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
-    mask = SlotMask(kv_mask, cache_index)
+    mask = SlotMask(kv_mask, cache_index, empty_slots)
     new_cache = []
     weights = list(layer_params)
     if stream_weights:

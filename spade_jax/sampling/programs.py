@@ -116,13 +116,16 @@ def extend_block(model, layer_params, cache, lengths, tokens, token_mask, positi
     """Write each row's left-aligned block after its own `lengths[r]` tokens.
 
     The forward writes the block at the last W slots of the window (a staging range every row
-    leaves free) and attends there causally; the block is then moved to each row's own slots.
+    leaves free) and attends there causally, skipping the key blocks between the longest
+    row's tokens and the staging range (a short row in a long window, as a new conversation
+    in a continuous batch, reads only what it holds); the block is then moved to each row's
+    own slots.
     """
     window, width = layout.n_slots(cache[0][1]), tokens.shape[1]
     stage = window - width
     kv_valid = valid_slots(lengths, window) | jnp.pad(token_mask, ((0, 0), (stage, 0)))
     _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_valid, cache, stage,
-                                layout)
+                                layout, empty_slots=(jnp.max(lengths), stage))
     targets = jnp.where(token_mask, lengths[:, None] + jnp.arange(width), window)
     return move_staged(cache, stage, targets, layout)
 
