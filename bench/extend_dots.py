@@ -26,15 +26,31 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 SHAPES = "1x16,4x32,8x64,16x32,24x32,16x64,32x48,64x32,32x128"
 
 
+def positive_ints(value: str, separator: str, minimum: int = 1,
+                  count: int | None = None) -> tuple[int, ...]:
+    """`value` split at `separator` as ints of at least `minimum` (`count` of them, where
+    given), or an argparse error."""
+    try:
+        numbers = tuple(int(n) for n in value.split(separator))
+    except ValueError:
+        numbers = ()
+    if not numbers or min(numbers) < minimum or count not in (None, len(numbers)):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected {count or 'some'} integers >= {minimum} separated by "
+            f"{separator!r}")
+    return numbers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=SHAPES, help="comma-separated ROWSxWIDTH")
+    parser.add_argument("--shapes", default=SHAPES, help="comma-separated ROWSxWIDTH",
+                        type=lambda v: [positive_ints(s, "x", count=2) for s in v.split(",")])
     parser.add_argument("--contexts", default="0,1024",
+                        type=lambda v: positive_ints(v, ",", minimum=0),
                         help="comma-separated tokens already in each row's cache")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
-    contexts = [int(n) for n in args.contexts.split(",")]
+    shapes, contexts = args.shapes, args.contexts
 
     import jax
     import numpy as np

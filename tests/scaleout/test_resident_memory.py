@@ -79,8 +79,9 @@ def test_the_sampler_and_the_train_step_compile_with_the_reservation_on_tpu():
                       head_dim=64, ffn_dim=512, qk_norm=True)
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     sampler = Sampler(model, mesh=tpu, fuse_weights=False, reserved_bytes=2**30)
-    for name in ("extend", "decode", "grow_layer"):
-        assert sampler._compiler_options(name) == {TPU_RESERVED_HBM_OPTION: 2**30}
+    for name, static in (("extend", {"width": 4096}), ("decode", {}),
+                         ("grow_layer", {"new_window": 512})):
+        assert sampler._compiler_options(name, 8, static) == {TPU_RESERVED_HBM_OPTION: 2**30}
     sampler.lower("decode", 8, 256).compile()
     optimizer = make_optimizer(TrainConfig())
     step = TrainStep(cfg, optimizer, tpu, reserved_bytes=2**30)
@@ -114,7 +115,7 @@ def test_the_reservation_keeps_30b_ffn_extend_within_what_v5p_64_leaves_it():
 
     told, beside = extend_peak()
     with pytest.MonkeyPatch.context() as patch:  # the compiler planning for the whole HBM
-        patch.setattr(Sampler, "_compiler_options", lambda self, program: None)
+        patch.setattr(Sampler, "_compiler_options", lambda self, *program: None)
         untold, _ = extend_peak()
     assert untold + beside > hbm, (untold, beside)
     assert told + beside <= hbm, (told, beside)
