@@ -191,8 +191,11 @@ class Sampler:
     def extend_width(self, batch: int) -> int:
         """Tokens per row of one extend over `batch` rows: the widest bucket whose rows on one
         device (the batch is split over the data axes) x width stay within `prefill_tokens`."""
-        rows = self.batch_sharding((batch,)).shard_shape((batch,))[0]
-        return bucket_at_most(max(MIN_BUCKET, self.prefill_tokens // rows))
+        return bucket_at_most(max(MIN_BUCKET, self.prefill_tokens // self.rows_per_device(batch)))
+
+    def rows_per_device(self, batch: int) -> int:
+        """Rows of a `batch` one device holds (the batch is split over the data axes)."""
+        return self.batch_sharding((batch,)).shard_shape((batch,))[0]
 
     def _dtype_for(self, a):
         """The dtype the sampler keeps weight `a` (array or ShapeDtypeStruct) in."""
@@ -335,8 +338,7 @@ class Sampler:
                    **reserved_memory_options(self.mesh, self.reserved_bytes)}
         if (platform == "cpu" and program in ("extend", "extend_rows")
                 and self.extend_emitter_tokens is not None):
-            rows = (static["rows"] if program == "extend_rows"
-                    else self.batch_sharding((batch,)).shard_shape((batch,))[0])
+            rows = static["rows"] if program == "extend_rows" else self.rows_per_device(batch)
             if rows * static["width"] >= self.extend_emitter_tokens:
                 options |= XLA_DOT_EMITTER
         return options or None
