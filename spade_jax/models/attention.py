@@ -74,17 +74,12 @@ class SlotMask(NamedTuple):
     slots at or before its own that `kv_valid` [B, S] marks as real tokens.
 
     Every attention of the decoder has this form (the training forward at first slot 0, the
-    sampler's extends at a slot shared by all rows, its decode steps at each row's own slot,
-    `first_query_slot` [B]), so a kernel can build the part of the mask it needs instead of
-    reading a dense [B, T, S] one.
+    sampler's extends and decode steps at each row's own slot, `first_query_slot` [B]), so a
+    kernel can build the part of the mask it needs instead of reading a dense [B, T, S] one.
     """
 
     kv_valid: jax.Array
     first_query_slot: jax.Array | int
-    # Where known, (start, end): slots no row holds a key in. An extend's cached keys end at
-    # its longest row and its block is staged at the window's end, so the key blocks between
-    # hold nothing to read (`_flash_attention` skips them).
-    empty_slots: tuple | None = None
 
     def dense(self, n_queries: int, key_start: jax.Array | int = 0,
               n_keys: int | None = None) -> jax.Array:
@@ -98,14 +93,14 @@ class SlotMask(NamedTuple):
 
     def narrowed(self, query_offset: jax.Array | int, n_keys: int) -> SlotMask:
         """The mask of the queries from `query_offset` on against the first `n_keys` slots."""
-        return SlotMask(self.kv_valid[:, :n_keys], self.first_query_slot + query_offset,
-                        self.empty_slots)
+        return SlotMask(self.kv_valid[:, :n_keys], self.first_query_slot + query_offset)
 
 
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: SlotMask, *, causal: bool,
     kernel: AttentionKernel = AttentionKernel.XLA, layout: KVLayout = KVLayout.HEAD_MAJOR,
     query_chunk: int = ATTENTION_QUERY_CHUNK, key_block: int = ATTENTION_KEY_BLOCK,
+    cache_rows: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention without repeating KV heads; returns [B, T, H, Dh].
 
@@ -114,9 +109,13 @@ def attention(
     slot of 0 (the no-cache training forward) and runs `kernel` (resolved for the current
     backend); otherwise up to `DECODE_QUERIES` queries per row are a decode step (with its
     drafts) and more are a cached extend (XLA paths, see the module docstring; `query_chunk`
-    queries and `key_block` keys per score block). A query that sees no key gets an
-    unspecified finite output.
+    queries and `key_block` keys per score block). An extend of some rows of a cache passes
+    the whole cache and `cache_rows` [B], the cache row of each query row: it reads only
+    their key blocks. A query that sees no key gets an unspecified finite output.
     """
+    if cache_rows is not None and (causal or q.shape[1] <= DECODE_QUERIES):
+        raise ValueError("cache_rows selects the rows of a cached extend's keys; a decode step "
+                         "or causal attention reads all of its keys' rows")
     batch, q_len, n_heads, head_dim = q.shape
     if causal:
         k_t, v = layout.head_major(k, v)
@@ -137,8 +136,8 @@ def attention(
     elif q_len <= DECODE_QUERIES:
         out = _decode_block(q, k, v, mask.dense(q_len), layout)
     else:
-        out = _chunked(lambda qc, m: _flash_attention(qc, k, v, m, key_block, layout), q, mask,
-                       query_chunk)
+        out = _chunked(lambda qc, m: _flash_attention(qc, k, v, m, key_block, layout,
+                                                      cache_rows), q, mask, query_chunk)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, q_len, n_heads, head_dim)
 
 
@@ -260,16 +259,16 @@ def key_block_size(n_keys: int, preferred: int = ATTENTION_KEY_BLOCK) -> int:
     return block if 4 * block >= preferred else preferred
 
 
-def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
-    """Attention of q [B, K, G, C, Dh] over the cache (in `layout`) with an online softmax
-    over key blocks.
+def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout,
+                     cache_rows: jax.Array | None = None):
+    """Attention of q [B, K, G, C, Dh] over the cache (in `layout`; its rows `cache_rows`,
+    where given) with an online softmax over key blocks.
 
     A loop over blocks of `key_block_size` keys keeps a running row max, row sum and
     unnormalised output in float32, so the largest score tensor is [B, H, C, block] however
-    long the window; blocks after the last query's slot are skipped (never visible), and so
-    are those within `mask.empty_slots` (no key there): a skipped block would add nothing, so
-    the output is the same, bit for bit. Forward only: it serves the sampler.
-    A query that sees no key gets zeros.
+    long the window; the blocks after the last query's slot (of any row) are never visible
+    and never read, so a short row in a long window reads only the blocks up to its own
+    slots. Forward only: it serves the sampler. A query that sees no key gets zeros.
     """
     batch, n_kv, group, length, head_dim = q.shape
     n_keys = layout.n_slots(v)
@@ -280,25 +279,17 @@ def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
     if pad:
         k, v = layout.pad_slots(k, v, pad)
         kv_valid = jnp.pad(kv_valid, ((0, 0), (0, pad)))
-    empty_slots = mask.empty_slots
-    mask = SlotMask(kv_valid, mask.first_query_slot)
     rows = q.reshape(batch, n_kv, group * length, head_dim)
     last_slot = mask.first_query_slot + length - 1
-    live = min if isinstance(last_slot, int) else jnp.minimum  # static: a differentiable scan
-    n_live = live(n_blocks, last_slot // block + 1)
-    block_index = lambda j: j  # noqa: E731
-    n_visited = n_live
-    if empty_slots is not None:  # visit [0, first_empty), then from first_empty + skipped
-        start, end = empty_slots
-        first_empty = -(-start // block)
-        skipped = jnp.maximum(jnp.minimum(end // block, n_live) - first_empty, 0)
-        block_index = lambda j: jnp.where(j < first_empty, j, j + skipped)  # noqa: E731
-        n_visited = n_live - skipped
+    if isinstance(last_slot, int):  # static: a differentiable scan
+        n_live = min(n_blocks, last_slot // block + 1)
+    else:
+        n_live = jnp.minimum(n_blocks, jnp.max(last_slot) // block + 1)
+    mask = SlotMask(kv_valid, mask.first_query_slot)
 
-    def step(j, carry):
-        i = block_index(j)
+    def step(i, carry):
         row_max, row_sum, acc = carry
-        k_block, v_block = layout.slots(k, v, i * block, block)
+        k_block, v_block = layout.slots(k, v, i * block, block, cache_rows)
         visible = mask.dense(length, i * block, block)[:, None, None]  # [B, 1, 1, C, block]
         scores = layout.scores(rows, k_block)
         scores = scores.reshape(batch, n_kv, group, length, block) * (head_dim**-0.5)
@@ -314,7 +305,7 @@ def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout):
 
     stats = jnp.full((batch, n_kv, group, length), MASK_VALUE, jnp.float32)
     init = (stats, jnp.zeros_like(stats), jnp.zeros(q.shape, jnp.float32))
-    _, row_sum, acc = jax.lax.fori_loop(0, n_visited, step, init)
+    _, row_sum, acc = jax.lax.fori_loop(0, n_live, step, init)
     return (acc / jnp.where(row_sum > 0, row_sum, 1.0)[..., None]).astype(q.dtype)
 
 

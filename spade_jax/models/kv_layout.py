@@ -62,12 +62,18 @@ class KVLayout(enum.StrEnum):
         return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
 
     def write(self, layer: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
-              slot: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+              slot: jax.Array | int,
+              rows: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """`layer` with the block (k, v), in this layout, written from `slot` on: the same
-        slots for every row, or with `slot` [B] from each row's own slot (a slot past the
-        window drops that row's block), one in-place scatter."""
+        slots for every row, or with `slot` [B] from each row's own slot, one in-place scatter
+        (a slot past the window drops that token). With `rows` [b] the block's b rows go to
+        those rows of `layer` (a row past its batch is dropped)."""
         k, v = k.astype(layer[0].dtype), v.astype(layer[1].dtype)
         k_axis, v_axis = self.slot_axes
+        if rows is not None:
+            targets = slot[:, None] + jnp.arange(k.shape[k_axis])
+            return (_set_slots_of_rows(layer[0], k_axis, k, rows, targets),
+                    _set_slots_of_rows(layer[1], v_axis, v, rows, targets))
         if jnp.ndim(slot) == 1:
             targets = slot[:, None] + jnp.arange(k.shape[k_axis])
             return (_set_rows_slots(layer[0], k_axis, k, targets),
@@ -75,12 +81,16 @@ class KVLayout(enum.StrEnum):
         return (jax.lax.dynamic_update_slice_in_dim(layer[0], k, slot, k_axis),
                 jax.lax.dynamic_update_slice_in_dim(layer[1], v, slot, v_axis))
 
-    def slots(self, k: jax.Array, v: jax.Array, start: jax.Array | int,
-              size: int) -> tuple[jax.Array, jax.Array]:
-        """Slots [start, start + size) of both arrays."""
+    def slots(self, k: jax.Array, v: jax.Array, start: jax.Array | int, size: int,
+              rows: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Slots [start, start + size) of both arrays (of only `rows` [b], where given; a row
+        past the batch reads the last)."""
         k_axis, v_axis = self.slot_axes
-        return (jax.lax.dynamic_slice_in_dim(k, start, size, axis=k_axis),
+        k, v = (jax.lax.dynamic_slice_in_dim(k, start, size, axis=k_axis),
                 jax.lax.dynamic_slice_in_dim(v, start, size, axis=v_axis))
+        if rows is None:
+            return k, v
+        return jnp.take(k, rows, axis=0, mode="clip"), jnp.take(v, rows, axis=0, mode="clip")
 
     def pad_slots(self, k: jax.Array, v: jax.Array, extra: int) -> tuple[jax.Array, jax.Array]:
         """Both arrays with `extra` empty slots appended."""
@@ -88,17 +98,6 @@ class KVLayout(enum.StrEnum):
             a, [(0, extra if i == axis else 0) for i in range(a.ndim)])
         k_axis, v_axis = self.slot_axes
         return pad(k, k_axis), pad(v, v_axis)
-
-    def move_rows_slots(self, k: jax.Array, v: jax.Array, start: int,
-                        targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Move each row's slots [start, start + W) to its own slots `targets` [B, W] (an
-        out-of-range target drops that slot)."""
-        width = targets.shape[1]
-        k_axis, v_axis = self.slot_axes
-        return tuple(
-            _set_rows_slots(array, axis,
-                            jax.lax.slice_in_dim(array, start, start + width, axis=axis), targets)
-            for array, axis in ((k, k_axis), (v, v_axis)))
 
     def scores(self, q_rows: jax.Array, k: jax.Array) -> jax.Array:
         """Float32 products [B, K, R, S] of query rows [B, K, R, Dh] with the keys."""
@@ -119,3 +118,13 @@ def _set_rows_slots(array: jax.Array, axis: int, block: jax.Array,
     range: dropped)."""
     index = (slice(None),) * (axis - 1)  # per row (vmapped): the slot axis moves up one
     return jax.vmap(lambda c, s, t: c.at[(*index, t)].set(s, mode="drop"))(array, block, targets)
+
+
+def _set_slots_of_rows(array: jax.Array, axis: int, block: jax.Array, rows: jax.Array,
+                       targets: jax.Array) -> jax.Array:
+    """`array` with `block` row i's slots (along `axis`) at row `rows[i]`'s slots
+    `targets[i]` [W] (out of range: dropped)."""
+    # the two index arrays' dimensions [b, W] lead the indexed result; the block's follow
+    updates = jnp.moveaxis(block, axis, 1)
+    index = (rows[:, None], *(slice(None),) * (axis - 1), targets)
+    return array.at[index].set(updates, mode="drop")

@@ -164,13 +164,16 @@ def decoder_block(
     layer_cache: tuple[jax.Array, jax.Array] | None,
     cache_index: jax.Array | int,
     layout: KVLayout = KVLayout.HEAD_MAJOR,
+    cache_rows: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array], moe.RouterLoad | None]:
     """One decoder layer on x [B, T, D]; returns (x, (keys, values), the MoE's `RouterLoad`
     or None).
 
     With `layer_cache` = (keys, values) over `slots` in `layout` (see `KVLayout`), the new
-    keys/values are written at `cache_index` and attention runs over all the slots of that
-    cache (callers size it to the live window); the returned pair is the updated cache.
+    keys/values are written at `cache_index` (per row: [B]) and attention runs over all the
+    slots of that cache (callers size it to the live window); the returned pair is the
+    updated cache. An extend of only some rows of the cache names them, `cache_rows` [B]
+    (one per row of x), and writes and reads only those rows.
     Without a cache it is this block's keys/values in `layout`, and `mask` must start
     at slot 0 (causal self-attention, run by the kernel `cfg.attention` picks; see
     `attention.attention`). Projections are plain
@@ -196,9 +199,10 @@ def decoder_block(
     k = layers.apply_rope(k, positions, cfg.rope_theta)
     k, v = layout.from_heads(k, v)
     if layer_cache is not None:
-        k, v = layout.write(layer_cache, k, v, cache_index)
+        k, v = layout.write(layer_cache, k, v, cache_index, cache_rows)
     attn = attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
-                     causal=layer_cache is None, kernel=cfg.attention, layout=layout)
+                     causal=layer_cache is None, kernel=cfg.attention, layout=layout,
+                     cache_rows=cache_rows)
     x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
     load = None
@@ -229,7 +233,7 @@ def unrolled_forward(
     layout: KVLayout = KVLayout.HEAD_MAJOR,
     *,
     stream_weights: bool = False,
-    empty_slots: tuple | None = None,
+    cache_rows: jax.Array | None = None,
 ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """The cached forward of `Transformer.__call__` with a Python loop over layers.
 
@@ -240,7 +244,7 @@ def unrolled_forward(
     `stream_weights`: each layer's weights pass an optimization barrier with the previous
     layer's input, so their gather over 'fsdp' waits until then: one layer ahead of its use,
     never hoisted out of a loop around this forward, a few layers' gathered weights live.
-    `empty_slots` (start, end): cache slots no row holds a key in (`SlotMask.empty_slots`).
+    `cache_rows`: the cache rows of the tokens' rows, for an extend of only those rows.
     """
     cfg = model.cfg
     dtype = layer_params[0]["attn_norm"].dtype
@@ -250,7 +254,7 @@ def unrolled_forward(
     # constraint cost the TPU decode temporaries).
     split_rows = tokens.shape[1] > 1
     x = jnp.take(model.embed[...], tokens, axis=0).astype(dtype)
-    mask = SlotMask(kv_mask, cache_index, empty_slots)
+    mask = SlotMask(kv_mask, cache_index)
     new_cache = []
     weights = list(layer_params)
     if stream_weights:
@@ -261,7 +265,7 @@ def unrolled_forward(
         if stream_weights and i + 1 < len(weights):
             weights[i + 1], x = jax.lax.optimization_barrier((weights[i + 1], x))
         x, kv, _ = decoder_block(cfg, weights[i], x, positions, mask, layer_cache, cache_index,
-                                 layout)
+                                 layout, cache_rows)
         new_cache.append(kv)
     return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache
 

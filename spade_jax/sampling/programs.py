@@ -3,7 +3,7 @@ cache growth, and the bucketed shapes they are compiled for.
 
 Pure functions of (weights, cache, row lengths, tokens); `sampler.Sampler` jits them with the
 mesh's shardings and `session.Session` drives them from the host. The cache layout, the
-pending-token convention and the staging range are described in `spade_jax/sampling/sampler.py`.
+pending-token convention and the per-row writes are described in `spade_jax/sampling/sampler.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
-from spade_jax.models.kv_layout import KVLayout
 from spade_jax.models.layers import vocab_logits
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.drafts import confirmed_drafts, ngram_drafts
@@ -105,29 +104,24 @@ def valid_slots(lengths: jax.Array, window: int) -> jax.Array:
     return jnp.arange(window)[None, :] < lengths[:, None]
 
 
-def move_staged(cache: list, stage: int, targets: jax.Array, layout: KVLayout) -> list:
-    """Move every layer's keys/values at slots [stage, stage + W) to each row's own slots
-    `targets` [B, W] (an out-of-range target drops that slot): per-row writes after a forward
-    that wrote the whole batch at one shared staging slot range."""
-    return [layout.move_rows_slots(k, v, stage, targets) for k, v in cache]
+def extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions, layout,
+                 rows=None):
+    """Write each row's left-aligned block after its own `lengths[r]` tokens (of only the
+    cache rows `rows`, where given: an index past the batch is a padding row, dropped).
 
-
-def extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions, layout):
-    """Write each row's left-aligned block after its own `lengths[r]` tokens.
-
-    The forward writes the block at the last W slots of the window (a staging range every row
-    leaves free) and attends there causally, skipping the key blocks between the longest
-    row's tokens and the staging range (a short row in a long window, as a new conversation
-    in a continuous batch, reads only what it holds); the block is then moved to each row's
-    own slots.
+    Each layer writes the block at each row's own slots, in place (slots past the window are
+    dropped; those past a row's real tokens are not valid), then attends causally over the
+    key blocks up to the furthest row's last slot, reading only the rows it writes: a new
+    conversation in a continuous batch reads only what it holds. Writing before attending
+    orders the attention's key-block loop after the write, which is what lets XLA update
+    the donated cache in place (written after, each layer's cache was copied twice).
     """
-    window, width = layout.n_slots(cache[0][1]), tokens.shape[1]
-    stage = window - width
-    kv_valid = valid_slots(lengths, window) | jnp.pad(token_mask, ((0, 0), (stage, 0)))
-    _, cache = unrolled_forward(model, layer_params, tokens, positions, kv_valid, cache, stage,
-                                layout, empty_slots=(jnp.max(lengths), stage))
-    targets = jnp.where(token_mask, lengths[:, None] + jnp.arange(width), window)
-    return move_staged(cache, stage, targets, layout)
+    window = layout.n_slots(cache[0][1])
+    ends = lengths + jnp.sum(token_mask, axis=1)
+    _, cache = unrolled_forward(model, layer_params, tokens, positions,
+                                valid_slots(ends, window), cache, lengths, layout,
+                                cache_rows=rows)
+    return cache
 
 
 def extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions, *, layout):
@@ -135,7 +129,17 @@ def extend(graphdef, state, fused, cache, lengths, tokens, token_mask, positions
     model = nnx.merge(graphdef, state)
     layer_params, _ = weights_and_logits(model, fused)
     return extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions,
-                         layout)
+                        layout)
+
+
+def extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions, *,
+                layout):
+    """`extend_block` of only the cache rows `rows` [b], so the compute scales with the rows
+    that have tokens, not the batch, and nothing but their blocks moves."""
+    model = nnx.merge(graphdef, state)
+    layer_params, _ = weights_and_logits(model, fused)
+    return extend_block(model, layer_params, cache, lengths, tokens, token_mask, positions,
+                        layout, rows)
 
 
 def take_rows(cache: list, rows: jax.Array) -> list:
@@ -148,17 +152,6 @@ def put_rows(cache: list, rows: jax.Array, sub: list) -> list:
     """`cache` with its rows `rows` replaced by `sub` (an index past the batch is dropped)."""
     return [(k.at[rows].set(sk, mode="drop"), v.at[rows].set(sv, mode="drop"))
             for (k, v), (sk, sv) in zip(cache, sub, strict=True)]
-
-
-def extend_rows(graphdef, state, fused, cache, lengths, rows, tokens, token_mask, positions, *,
-                 layout):
-    """`extend_block` of only the cache rows `rows` [b] (an index past the batch: a padding
-    row, dropped), so the compute scales with the rows that have tokens, not the batch."""
-    model = nnx.merge(graphdef, state)
-    layer_params, _ = weights_and_logits(model, fused)
-    sub = extend_block(model, layer_params, take_rows(cache, rows), lengths, tokens, token_mask,
-                       positions, layout)
-    return put_rows(cache, rows, sub)
 
 
 class DecodeState(NamedTuple):

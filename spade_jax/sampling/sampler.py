@@ -3,13 +3,11 @@
 Cache layout. One (keys, values) pair per layer, over a window of slots, in the `KVLayout` the
 mesh's platform runs without copies (`Sampler.kv_layout`) and, per row, its length: row r's
 tokens fill its slots [0, lengths[r]) in order, with no gaps, so a row's capacity depends only
-on its own tokens. Writes are per row: a forward writes the whole batch at a shared *staging*
-range (the window's last slots, which every row leaves free) and attends there, then each row's
-new keys/values move to its own next slots; a decode step writes each row's token at its own
-slot directly (one in-place scatter per layer). Rotary positions are per row too (a row's position
-counts its tokens), so a row attends exactly to its own tokens in order, whatever the other
-rows hold — which is what makes left-padding invariance and "appending equals re-prefilling"
-hold.
+on its own tokens. Writes are per row: an extend writes each row's block, and a decode step
+each row's token, at the row's own next slots (one in-place scatter per layer), then attends.
+Rotary positions are per row too (a row's position counts its tokens), so a row attends
+exactly to its own tokens in order, whatever the other rows hold — which is what makes
+left-padding invariance and "appending equals re-prefilling" hold.
 
 Every row always has one *pending* token: the last token of its sequence, not yet in the cache.
 Prefill writes a prompt's tokens but the last; a decode step writes the pending token and
@@ -344,15 +342,16 @@ class Sampler:
         return options or None
 
     def lower(self, name: str, batch: int, window: int, *, width: int = MIN_BUCKET,
-              draft_tokens: int = 0):
-        """`jax.jit(...).lower` of the 'extend' (`width` tokens per row) or 'decode' program
-        over a cache window of `window` slots (the largest a session reaches is its capacity);
-        a decode with `draft_tokens` is the one a session runs while drafts pay.
+              draft_tokens: int = 0, rows: int = 1):
+        """`jax.jit(...).lower` of the 'extend' (`width` tokens per row), 'extend_rows' (of
+        `rows` of the batch) or 'decode' program over a cache window of `window` slots (the
+        largest a session reaches is its capacity); a decode with `draft_tokens` is the one a
+        session runs while drafts pay.
 
         Works with abstract weights; `.compile()` the result to check it builds on this mesh.
         """
-        if name not in ("extend", "decode"):
-            raise ValueError(f"program {name!r}: use 'extend' or 'decode'")
+        if name not in ("extend", "extend_rows", "decode"):
+            raise ValueError(f"program {name!r}: use 'extend', 'extend_rows' or 'decode'")
         window = bucket(window)
         sds = lambda shape, dtype, sh=None: jax.ShapeDtypeStruct(  # noqa: E731
             shape, dtype, sharding=sh or self.batch_sharding(shape))
@@ -368,6 +367,13 @@ class Sampler:
             block = (batch, width)
             args = (*head, sds(block, jnp.int32), sds(block, jnp.bool_), sds(block, jnp.int32))
             return self.program("extend", batch, window, width=width).lower(*args)
+        if name == "extend_rows":
+            sub = lambda shape, dtype: sds(shape, dtype, scalar)  # noqa: E731
+            block = (rows, width)
+            args = (*head[:3], sub((rows,), jnp.int32), sub((rows,), jnp.int32),
+                    sub(block, jnp.int32), sub(block, jnp.bool_), sub(block, jnp.int32))
+            return self.program("extend_rows", batch, window, rows=rows,
+                                width=width).lower(*args)
         scalar_of = lambda dtype: sds((), dtype, scalar)  # noqa: E731
         args = (*head, row(jnp.int32), row(jnp.int32), row(jnp.int32), scalar_of(jnp.int32),
                 scalar_of(jnp.int32), sds((STOP_ID_SLOTS,), jnp.int32, scalar),

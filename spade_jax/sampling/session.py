@@ -209,10 +209,9 @@ class Session:
         width = bucket(longest)
         n_rows = bucket(len(blocks), 1)
         subset = self._row_subset(n_rows)
-        # the block is staged in the window's last `width` slots, which the rows it is
-        # written to (all of them, or the subset) must leave free
-        written = self.lengths[sorted(blocks)] if subset else self.lengths
-        self._ensure_window(int(written.max()) + width)
+        # each row's block goes to its own next slots (a block's padding past the window is
+        # dropped)
+        self._ensure_window(max(int(self.lengths[r]) + len(b) for r, b in blocks.items()))
         rows = np.array(sorted(blocks), np.int32) if subset else np.arange(self.batch)
         if subset:
             rows = np.concatenate([rows, np.full((n_rows - len(rows),), self.batch, np.int32)])

@@ -132,35 +132,33 @@ def test_cached_extend_online_softmax_equals_the_direct_path(slots, key_block, q
     assert not bool(sees[2].any()) and not bool(jnp.any(out[2]))  # a row that sees nothing: 0
 
 
-@pytest.mark.parametrize(("keys_end", "query_chunk"), [
-    (20, 512),  # blocks 2-5 of 8 skipped (block 6 holds the staged keys from slot 100)
-    (32, 512),  # the first empty block starts exactly at the longest row's end
-    (0, 512),  # nothing cached: a fresh prefill reads only the staged blocks
-    (20, 8),  # query chunks: the later chunks still read the earlier staged keys
-    (90, 512),  # nothing to skip
+@pytest.mark.parametrize(("firsts", "query_chunk"), [
+    ((20, 10, 0), 512),  # the furthest query is at slot 39: blocks 3-7 of 8 never read
+    ((0, 0, 0), 512),  # a fresh prefill reads only its own blocks
+    ((20, 10, 0), 8),  # query chunks: each reads up to its own furthest query
+    ((100, 5, 0), 512),  # a long row: every block is read
 ])
-def test_an_extend_skips_the_empty_key_blocks_and_reads_nothing_there(keys_end, query_chunk):
-    """An extend staged at slots [100, 120) of a 128-slot window in 16-key blocks, rows
-    holding keys below `keys_end`: the whole blocks within `empty_slots` are never read (NaN
-    values there do not reach the output, as they would from any block read: masked scores
-    still multiply their values), and the output is bit for bit the one that reads every
-    block of a clean cache."""
-    slots, first, width, block = 128, 100, 20, 16
+def test_an_extend_reads_no_key_block_past_its_furthest_query(firsts, query_chunk):
+    """An extend of 20 queries per row from each row's own slot (its cached tokens and then
+    its block valid) in a 128-slot window of 16-key blocks: the blocks after the furthest
+    query's slot are never read (NaN values there do not reach the output, as they would
+    from any block read: masked scores still multiply their values), and the output is the
+    direct softmax's."""
+    slots, width, block = 128, 20, 16
     q, k_t, v = _qkv(5, 3, width, 4, 2, 16, slots=slots)
-    valid = jnp.zeros((3, slots), bool).at[:, first:first + width].set(True)
-    valid = valid.at[0, :keys_end].set(True).at[1, :keys_end // 2].set(True)
-    run = jax.jit(lambda q, k_t, v, empty: attention(
-        q, k_t, v, SlotMask(valid, first, empty), causal=False, key_block=block,
+    first = jnp.asarray(firsts, jnp.int32)
+    valid = jnp.arange(slots)[None, :] < (first + width)[:, None]
+    run = jax.jit(lambda q, k_t, v: attention(
+        q, k_t, v, SlotMask(valid, first), causal=False, key_block=block,
         query_chunk=query_chunk))
-    clean = run(q, k_t, v, None)
-    empty_blocks = slice(-(-keys_end // block) * block, first // block * block)
-    v_nan = v.at[:, :, empty_blocks].set(jnp.nan)
-    skipped = run(q, k_t, v_nan, (jnp.int32(keys_end), first))
-    np.testing.assert_array_equal(np.asarray(skipped), np.asarray(clean))
-    if empty_blocks.start < empty_blocks.stop:  # reading those blocks would give NaN
-        assert bool(jnp.isnan(run(q, k_t, v_nan, None)).any())
+    unread = slice(-(-(max(firsts) + width) // block) * block, slots)
+    out = run(q, k_t, v.at[:, :, unread].set(jnp.nan))
+    assert not bool(jnp.isnan(out).any())
+    if unread.start < slots:  # the NaN would show if those blocks were read
+        assert bool(jnp.isnan(_plain_attention(q, k_t, v.at[:, :, unread].set(jnp.nan),
+                                               SlotMask(valid, first).dense(width))).any())
     expected = _plain_attention(q, k_t, v, SlotMask(valid, first).dense(width))
-    np.testing.assert_allclose(np.asarray(clean), np.asarray(expected), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=1e-5, rtol=0)
 
 
 def test_key_block_size_divides_sampler_windows_and_names_bad_input():

@@ -1,4 +1,4 @@
-"""`KVLayout`: both cache layouts hold the same keys and values and move them the same way."""
+"""`KVLayout`: both cache layouts hold the same keys and values and write them the same way."""
 
 import jax
 import numpy as np
@@ -38,22 +38,22 @@ def test_layouts_hold_the_projected_heads(layout):
 
 
 @pytest.mark.parametrize("layout", list(KVLayout))
-def test_write_and_per_row_move_match_a_loop(layout):
-    """`write` puts a block at a slot; `move_rows_slots` moves each row's staged slots to its
-    own targets and drops out-of-range ones, as a per-row loop over numpy arrays does."""
+@pytest.mark.parametrize("per_row", [False, True])
+def test_write_at_a_shared_or_per_row_slot_matches_a_loop(layout, per_row):
+    """`write` puts each row's block at one slot for all rows, or at each row's own slot
+    (slots past the window dropped: row 2's block runs over its end), as a per-row loop over
+    numpy arrays does."""
     k, v = _heads(1)
     block_k, block_v = _heads(2, length=3)
-    cache = layout.write(layout.from_heads(k, v), *layout.from_heads(block_k, block_v), 20)
-    targets = np.array([[0, 1, 2], [7, S, 9], [S, S, S]])
-    moved = layout.move_rows_slots(*cache, 20, jax.numpy.asarray(targets))
+    starts = np.array([0, 7, S - 1]) if per_row else np.full(B, 20)
+    slot = jax.numpy.asarray(starts, jax.numpy.int32) if per_row else 20
+    written = layout.write(layout.from_heads(k, v), *layout.from_heads(block_k, block_v), slot)
     expect_k, expect_v = k.copy(), v.copy()
-    expect_k[:, 20:23], expect_v[:, 20:23] = block_k, block_v
-    staged_k, staged_v = expect_k[:, 20:23].copy(), expect_v[:, 20:23].copy()
     for r in range(B):
-        for j, t in enumerate(targets[r]):
+        for j, t in enumerate(range(starts[r], starts[r] + 3)):
             if t < S:
-                expect_k[r, t], expect_v[r, t] = staged_k[r, j], staged_v[r, j]
-    got = layout.head_major(*moved)
+                expect_k[r, t], expect_v[r, t] = block_k[r, j], block_v[r, j]
+    got = layout.head_major(*written)
     np.testing.assert_array_equal(got[0], expect_k.transpose(0, 2, 3, 1))
     np.testing.assert_array_equal(got[1], expect_v.transpose(0, 2, 1, 3))
 

@@ -388,18 +388,28 @@ def test_kv_cache_is_never_replicated_and_grows_layer_by_layer(model, sampler, m
 
 
 @pytest.mark.parametrize("layout", list(KVLayout))
-def test_decode_loop_updates_the_cache_in_place(model, layout):
-    """Each decode step writes each row's token into the cache in place: no copy of a whole
-    layer's keys or values in the compiled loop (a staged write moved by a second scatter cost
-    XLA-CPU two copies of every layer's cache per generated token)."""
+@pytest.mark.parametrize("program", ["decode", "extend", "extend_rows"])
+def test_programs_update_the_cache_in_place(model, layout, program):
+    """Each decode step writes each row's token, and an extend each row's block, into the
+    cache in place: no copy of a whole layer's keys or values in the compiled program (a
+    staged write moved by a second scatter cost XLA-CPU two copies of every layer's cache per
+    generated token, and attending before writing two per extend), and an extend's
+    temporaries do not grow with the window."""
     sampler = Sampler(model, mesh=make_mesh((1, 1, 1), jax.devices()[:1]), kv_layout=layout)
-    hlo = sampler.lower("decode", 4, 64).compile().as_text()
-    shapes = {",".join(map(str, shape)) for shape in layout.shapes(4, 64, CFG.n_kv_heads,
+
+    def compiled(window):
+        return sampler.lower(program, 4, window, width=128, rows=2).compile()
+
+    hlo = compiled(1024).as_text()
+    shapes = {",".join(map(str, shape)) for shape in layout.shapes(4, 1024, CFG.n_kv_heads,
                                                                     CFG.head_dim)}
     copies = [line for line in hlo.splitlines()
               if re.search(r"= f32\[([\d,]+)\]\S* copy\(", line)
               and re.search(r"= f32\[([\d,]+)\]", line).group(1) in shapes]
     assert "while" in hlo and not copies, copies[:4]
+    if program != "decode":  # windows of the same key block (512 slots)
+        temps = [compiled(w).memory_analysis().temp_size_in_bytes for w in (1024, 8192)]
+        assert temps[1] <= temps[0] * 1.1, temps
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (1, 2, 4)])
