@@ -66,16 +66,15 @@ class KVLayout(enum.StrEnum):
               rows: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """`layer` with the block (k, v), in this layout, written from `slot` on: the same
         slots for every row, or with `slot` [B] from each row's own slot, one in-place scatter
-        (a slot past the window drops that token). With `rows` [b] the block's b rows go to
-        those rows of `layer` (a row past its batch is dropped)."""
+        (a slot past the window drops that token). With `rows` [b] (and `slot` [b]) the
+        block's b rows go to those rows of `layer` (a row past its batch is dropped)."""
         k, v = k.astype(layer[0].dtype), v.astype(layer[1].dtype)
         k_axis, v_axis = self.slot_axes
-        if rows is not None:
-            targets = slot[:, None] + jnp.arange(k.shape[k_axis])
-            return (_set_slots_of_rows(layer[0], k_axis, k, rows, targets),
-                    _set_slots_of_rows(layer[1], v_axis, v, rows, targets))
         if jnp.ndim(slot) == 1:
             targets = slot[:, None] + jnp.arange(k.shape[k_axis])
+            if rows is not None:
+                return (_set_slots_of_rows(layer[0], k_axis, k, rows, targets),
+                        _set_slots_of_rows(layer[1], v_axis, v, rows, targets))
             return (_set_rows_slots(layer[0], k_axis, k, targets),
                     _set_rows_slots(layer[1], v_axis, v, targets))
         return (jax.lax.dynamic_update_slice_in_dim(layer[0], k, slot, k_axis),

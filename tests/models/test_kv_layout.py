@@ -38,21 +38,25 @@ def test_layouts_hold_the_projected_heads(layout):
 
 
 @pytest.mark.parametrize("layout", list(KVLayout))
-@pytest.mark.parametrize("per_row", [False, True])
-def test_write_at_a_shared_or_per_row_slot_matches_a_loop(layout, per_row):
-    """`write` puts each row's block at one slot for all rows, or at each row's own slot
-    (slots past the window dropped: row 2's block runs over its end), as a per-row loop over
-    numpy arrays does."""
+@pytest.mark.parametrize("where", ["shared", "per_row", "rows"])
+def test_write_at_a_shared_or_per_row_slot_matches_a_loop(layout, where):
+    """`write` puts each row's block at one slot for all rows, at each row's own slot, or
+    (`rows`) block row i at cache row rows[i]'s own slot; slots past the window and rows past
+    the batch are dropped (row 2's block runs over the window's end; `rows` names a row past
+    the batch), as a loop over numpy arrays does."""
     k, v = _heads(1)
     block_k, block_v = _heads(2, length=3)
-    starts = np.array([0, 7, S - 1]) if per_row else np.full(B, 20)
-    slot = jax.numpy.asarray(starts, jax.numpy.int32) if per_row else 20
-    written = layout.write(layout.from_heads(k, v), *layout.from_heads(block_k, block_v), slot)
+    starts = np.full(B, 20) if where == "shared" else np.array([0, 7, S - 1])
+    rows = np.array([2, B, 0]) if where == "rows" else np.arange(B)
+    slot = 20 if where == "shared" else jax.numpy.asarray(starts, jax.numpy.int32)
+    cache = layout.from_heads(jax.numpy.asarray(k), jax.numpy.asarray(v))
+    written = layout.write(cache, *layout.from_heads(block_k, block_v), slot,
+                           jax.numpy.asarray(rows) if where == "rows" else None)
     expect_k, expect_v = k.copy(), v.copy()
-    for r in range(B):
-        for j, t in enumerate(range(starts[r], starts[r] + 3)):
-            if t < S:
-                expect_k[r, t], expect_v[r, t] = block_k[r, j], block_v[r, j]
+    for i, r in enumerate(rows):
+        for j, t in enumerate(range(starts[i], starts[i] + 3)):
+            if r < B and t < S:
+                expect_k[r, t], expect_v[r, t] = block_k[i, j], block_v[i, j]
     got = layout.head_major(*written)
     np.testing.assert_array_equal(got[0], expect_k.transpose(0, 2, 3, 1))
     np.testing.assert_array_equal(got[1], expect_v.transpose(0, 2, 1, 3))
