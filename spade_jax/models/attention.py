@@ -266,9 +266,9 @@ def _flash_attention(q, k, v, mask: SlotMask, key_block: int, layout: KVLayout,
 
     A loop over blocks of `key_block_size` keys keeps a running row max, row sum and
     unnormalised output in float32, so the largest score tensor is [B, H, C, block] however
-    long the window; the blocks after the last query's slot (of any row) are never visible
-    and never read, so a short row in a long window reads only the blocks up to its own
-    slots. Forward only: it serves the sampler. A query that sees no key gets zeros.
+    long the window; the blocks after the furthest query's slot are never visible and never
+    read, so an extend's cost follows its rows' lengths, not the window's. Forward only: it
+    serves the sampler. A query that sees no key gets zeros.
     """
     batch, n_kv, group, length, head_dim = q.shape
     n_keys = layout.n_slots(v)
