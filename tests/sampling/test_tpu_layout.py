@@ -28,16 +28,20 @@ CFG = ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=8, n_kv_heads
 BATCH, WINDOW = 16, 8192
 
 
-def _decode_temp_and_cache_bytes(layout, draft_tokens=0):
+def _tpu_sampler(layout):
+    """A bf16 sampler of CFG over a v5p-8 mesh (fsdp 2, tensor 2), its cache in `layout`."""
     devices = tpu_topology_devices("v5p-8")
     mesh = make_mesh((1, 2, 2), devices)
     model = nnx.eval_shape(lambda: Transformer(CFG, rngs=nnx.Rngs(0)))
-    sampler = Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype="bfloat16",
-                      kv_layout=layout)
     assert devices[0].platform == "tpu" and Sampler(
         model, mesh=mesh, fuse_weights=False).kv_layout is KVLayout.SEQUENCE_MAJOR
-    memory = sampler.lower("decode", BATCH, WINDOW,
-                           draft_tokens=draft_tokens).compile().memory_analysis()
+    return Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype="bfloat16",
+                   kv_layout=layout)
+
+
+def _decode_temp_and_cache_bytes(layout, draft_tokens=0):
+    memory = _tpu_sampler(layout).lower("decode", BATCH, WINDOW,
+                                        draft_tokens=draft_tokens).compile().memory_analysis()
     per_device_cache = CFG.n_layers * 2 * BATCH * WINDOW * CFG.n_kv_heads * CFG.head_dim * 2 / 4
     return memory.temp_size_in_bytes, per_device_cache
 
@@ -53,6 +57,18 @@ def test_tpu_decode_with_drafts_keeps_the_cache_in_place_too():
     """Each step writes a row's pending token and its 4 drafts (5 slots) from its own slot."""
     temp, cache = _decode_temp_and_cache_bytes(KVLayout.SEQUENCE_MAJOR, draft_tokens=4)
     assert temp < 0.25 * cache, (temp, cache)
+
+
+def test_tpu_extend_keeps_the_cache_in_place():
+    """An extend of 256 tokens per row writes each row's block at its own slots and then
+    attends: no copy of a layer's keys or values in the compiled program (when the block was
+    staged, attended and then moved, the TPU compiler copied two of them)."""
+    hlo = _tpu_sampler(KVLayout.SEQUENCE_MAJOR).lower(
+        "extend", BATCH, WINDOW, width=256).compile().as_text()
+    layer = f"bf16[{BATCH // 2},{WINDOW},{CFG.n_kv_heads // 2},{CFG.head_dim}]"  # per device
+    assert f"= {layer}" in hlo
+    copies = [line for line in hlo.splitlines() if f"= {layer}" in line and " copy(" in line]
+    assert not copies, copies[:2]
 
 
 MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_heads=4,
