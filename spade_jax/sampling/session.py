@@ -332,8 +332,8 @@ class Session:
 
     def _row_subset(self, n_rows: int) -> bool:
         """Whether a program may compute `n_rows` of the cache's rows apart: only where its
-        batch is not split over devices, and for at most half of them (a subset is a copy of
-        its rows, `plan.kv_row_copy`)."""
+        batch is not split over devices, and for at most half of them (a decode's subset is a
+        copy of its rows, `plan.kv_row_copy`; an extend's indexes them in the cache)."""
         return self.sampler.batch_multiple == 1 and 2 * n_rows <= self.batch
 
     def _program_rows(self, n_running: int) -> int:
