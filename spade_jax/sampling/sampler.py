@@ -356,6 +356,7 @@ class Sampler:
         sds = lambda shape, dtype, sh=None: jax.ShapeDtypeStruct(  # noqa: E731
             shape, dtype, sharding=sh or self.batch_sharding(shape))
         scalar = NamedSharding(self.mesh, PartitionSpec())
+        replicated = lambda shape, dtype: sds(shape, dtype, scalar)  # noqa: E731
         dtype = jax.tree.leaves(self.state["embed"])[0].dtype
         cache = [tuple(sds(shape, dtype, sh)
                        for shape, sh in zip(self._cache_shapes(batch, window), shardings,
@@ -368,15 +369,15 @@ class Sampler:
             args = (*head, sds(block, jnp.int32), sds(block, jnp.bool_), sds(block, jnp.int32))
             return self.program("extend", batch, window, width=width).lower(*args)
         if name == "extend_rows":
-            sub = lambda shape, dtype: sds(shape, dtype, scalar)  # noqa: E731
             block = (rows, width)
-            args = (*head[:3], sub((rows,), jnp.int32), sub((rows,), jnp.int32),
-                    sub(block, jnp.int32), sub(block, jnp.bool_), sub(block, jnp.int32))
+            args = (*head[:3], replicated((rows,), jnp.int32), replicated((rows,), jnp.int32),
+                    replicated(block, jnp.int32), replicated(block, jnp.bool_),
+                    replicated(block, jnp.int32))
             return self.program("extend_rows", batch, window, rows=rows,
                                 width=width).lower(*args)
-        scalar_of = lambda dtype: sds((), dtype, scalar)  # noqa: E731
+        scalar_of = lambda dtype: replicated((), dtype)  # noqa: E731
         args = (*head, row(jnp.int32), row(jnp.int32), row(jnp.int32), scalar_of(jnp.int32),
-                scalar_of(jnp.int32), sds((STOP_ID_SLOTS,), jnp.int32, scalar),
+                scalar_of(jnp.int32), replicated((STOP_ID_SLOTS,), jnp.int32),
                 scalar_of(jnp.float32), scalar_of(jnp.int32), scalar_of(jnp.float32),
                 scalar_of(jnp.uint32), row(jnp.int32))
         if draft_tokens:
