@@ -125,10 +125,11 @@ def matmul_bound(policy, batch: int, steps: int, runs: int) -> float:
         def step(_, tokens):
             x = embed[tokens]
             for p in fused["layers"]:
-                x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
-                gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
-                x = x + (jax.nn.silu(gate) * up) @ p["w_down"]
-            return jnp.argmax(fused["unembedding"].logits(x), axis=-1).astype(jnp.int32)
+                x = x + p["wo"](p["wqkv"](x)[:, :n_q])
+                gate, up = jnp.split(p["w_gate_up"](x), 2, axis=-1)
+                x = x + p["w_down"](jax.nn.silu(gate) * up)
+            logits = fused["unembedding"](x, jnp.float32)
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return jax.lax.fori_loop(0, steps, step, tokens)
 
     tokens = jnp.zeros((batch,), jnp.int32)

@@ -38,9 +38,9 @@ def matmul_bound(model, batch: int, seq: int, runs: int) -> tuple[float, str]:
 
     def loss(weights, embed, x):
         for p in weights:
-            x = x + (x @ p["wqkv"])[:, :n_q] @ p["wo"].reshape(n_q, -1)
-            gate, up = jnp.split(x @ p["w_gate_up"], 2, axis=-1)
-            x = x + (gate * up) @ p["w_down"]
+            x = x + p["wo"](p["wqkv"](x)[:, :n_q])
+            gate, up = jnp.split(p["w_gate_up"](x), 2, axis=-1)
+            x = x + p["w_down"](gate * up)
         return jnp.sum(vocab_logits(x, embed, vocab_major))
 
     x = jnp.ones((batch * seq, model.cfg.d_model), embed.dtype)

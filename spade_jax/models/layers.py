@@ -7,6 +7,9 @@ kernels are in `attention.py`, the mixture of experts in `moe.py`.
 
 from __future__ import annotations
 
+import dataclasses
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
@@ -31,11 +34,26 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
+@partial(jax.tree_util.register_dataclass, data_fields=["weight"], meta_fields=["out_major"])
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """A 2-D weight matrix held [in, out] or, `out_major`, [out, in]. The orientation is static,
+    so a program compiles for the one it holds: the sampler's CPU copy of the weights holds the
+    one its decode's dot path reads fastest (`sampling.DecodeDots.out_major`)."""
+
+    weight: jax.Array
+    out_major: bool
+
+    def __call__(self, x: jax.Array, preferred_element_type=None) -> jax.Array:
+        """x [..., in] times the matrix: [..., out]."""
+        spec = "...i,oi->...o" if self.out_major else "...i,io->...o"
+        return jnp.einsum(spec, x, self.weight.astype(x.dtype),
+                          preferred_element_type=preferred_element_type)
+
+
 def vocab_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool) -> jax.Array:
     """Float32 logits [..., V] of hidden [..., D] against weight [V, D] (vocab_major) or [D, V]."""
-    spec = "...d,vd->...v" if vocab_major else "...d,dv->...v"
-    return jnp.einsum(spec, hidden, weight.astype(hidden.dtype),
-                      preferred_element_type=jnp.float32)
+    return Projection(weight, vocab_major)(hidden, jnp.float32)
 
 
 @jax.custom_vjp

@@ -120,11 +120,13 @@ class Transformer(nnx.Module):
             self.sow(nnx.Intermediate, "router_load", router_load)
         return layers.rms_norm(x, self.final_norm[...], cfg.rms_eps)
 
-    def layer_params(self, *, fuse: bool = False) -> list[dict[str, jax.Array]]:
+    def layer_params(self, *, fuse: bool = False, out_major: bool = False
+                     ) -> list[dict[str, jax.Array | layers.Projection]]:
         """Per-layer weights for `unrolled_forward` (the sampler's layout).
 
         `fuse=True` concatenates q/k/v and gate/up into one matrix each, so a decode step runs
-        three large matmuls per layer instead of six (faster on CPU). This copies the
+        three large matmuls per layer instead of six (faster on CPU), and holds each 2-D
+        projection as a `layers.Projection`, [out, in] where `out_major`. This copies the
         weights once (outside any decode loop); use it where the extra memory is affordable.
         """
         stacked = self._layer_params()
@@ -132,12 +134,19 @@ class Transformer(nnx.Module):
                      for i in range(self.cfg.n_layers)]
         if not fuse:
             return per_layer
+
+        def project(matrix: jax.Array) -> layers.Projection:
+            return layers.Projection(matrix.T if out_major else matrix, out_major)
+
         for p in per_layer:
             d_model = p["wq"].shape[0]
-            p["wqkv"] = jnp.concatenate(
-                [p.pop(n).reshape(d_model, -1) for n in ("wq", "wk", "wv")], axis=1)
+            p["wqkv"] = project(jnp.concatenate(
+                [p.pop(n).reshape(d_model, -1) for n in ("wq", "wk", "wv")], axis=1))
+            p["wo"] = project(p["wo"].reshape(-1, d_model))
             if not self.cfg.is_moe:
-                p["w_gate_up"] = jnp.concatenate([p.pop("w_gate"), p.pop("w_up")], axis=1)
+                p["w_gate_up"] = project(
+                    jnp.concatenate([p.pop("w_gate"), p.pop("w_up")], axis=1))
+                p["w_down"] = project(p["w_down"])
         return per_layer
 
     def output_projection(self) -> tuple[jax.Array, bool]:
@@ -179,15 +188,16 @@ def decoder_block(
     `attention.attention`). Projections are plain
     2-D matmuls (the [D, H, Dh] weights reshaped, a free bitcast): XLA-CPU runs multi-axis
     einsums several times slower.
-    `params` may hold fused `wqkv` / `w_gate_up` matrices (see
+    `params` may hold the fused `wqkv` / `w_gate_up` projections (see
     `Transformer.layer_params(fuse=True)`).
     """
     batch, length, d_model = x.shape
     n_q, n_kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     heads = lambda a, n: a.reshape(batch, length, n, cfg.head_dim)  # noqa: E731
     h = layers.rms_norm(x, params["attn_norm"], cfg.rms_eps)
-    if "wqkv" in params:
-        qkv = h @ params["wqkv"]
+    fused = "wqkv" in params
+    if fused:
+        qkv = params["wqkv"](h)
         q, k, v = qkv[..., :n_q], qkv[..., n_q:n_q + n_kv], qkv[..., n_q + n_kv:]
     else:
         q, k, v = (h @ params[n].reshape(d_model, -1) for n in ("wq", "wk", "wv"))
@@ -203,7 +213,8 @@ def decoder_block(
     attn = attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
                      causal=layer_cache is None, kernel=cfg.attention, layout=layout,
                      cache_rows=cache_rows)
-    x = x + attn.reshape(batch, length, n_q) @ params["wo"].reshape(n_q, d_model)
+    attn = attn.reshape(batch, length, n_q)
+    x = x + (params["wo"](attn) if fused else attn @ params["wo"].reshape(n_q, d_model))
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)
     load = None
     if cfg.is_moe:
@@ -213,10 +224,9 @@ def decoder_block(
             cfg.moe_sharding,
         )
         x = x + out
-    elif "w_gate_up" in params:
-        gate_up = h @ params["w_gate_up"]
-        gate, up = jnp.split(gate_up, 2, axis=-1)
-        x = x + (jax.nn.silu(gate) * up) @ params["w_down"]
+    elif fused:
+        gate, up = jnp.split(params["w_gate_up"](h), 2, axis=-1)
+        x = x + params["w_down"](jax.nn.silu(gate) * up)
     else:
         x = x + layers.swiglu_mlp(h, params["w_gate"], params["w_up"], params["w_down"])
     return x, (k, v), load

@@ -8,7 +8,6 @@ pending-token convention and the per-row writes are described in `spade_jax/samp
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from functools import partial
 from typing import NamedTuple
@@ -17,7 +16,7 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
-from spade_jax.models.layers import vocab_logits
+from spade_jax.models.layers import Projection
 from spade_jax.models.transformer import Transformer, unrolled_forward
 from spade_jax.sampling.drafts import confirmed_drafts, ngram_drafts
 from spade_jax.sampling.sampling_fns import row_keys, select_tokens
@@ -45,38 +44,26 @@ def bucket_at_most(n: int) -> int:
     return b * 3 // 4 if b & (b - 1) == 0 else b * 2 // 3
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["weight"], meta_fields=["vocab_major"])
-@dataclasses.dataclass(frozen=True)
-class Unembedding:
-    """The decode's output projection: `weight` [vocab, D] (`vocab_major`) or [D, vocab]; the
-    orientation is static, so programs compile for the layout the copy holds."""
+def fused_decode_weights(model: Transformer, out_major: bool) -> dict:
+    """The sampler's CPU copy of the weights: fused per-layer matrices and the output projection,
+    every matrix a `layers.Projection` in the orientation `out_major` asks for
+    (`DecodeDots.out_major`: the one the decode's dot path reads fastest).
 
-    weight: jax.Array
-    vocab_major: bool
-
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        return vocab_logits(hidden, self.weight, self.vocab_major)
-
-
-def fused_decode_weights(model: Transformer, vocab_major: bool) -> dict:
-    """The sampler's CPU copy of the weights: fused per-layer matrices and the output projection.
-
-    `layers`: `Transformer.layer_params(fuse=True)`. `unembedding`: an `Unembedding` in the
-    orientation `vocab_major` asks for (`DecodeDots.vocab_major_unembedding`: the one the decode's
-    dot path reads fastest), transposed from the model's only where the two differ.
+    `layers`: `Transformer.layer_params(fuse=True)`. `unembedding`: [vocab, D] where `out_major`,
+    else [D, vocab], transposed from the model's only where the two differ.
     """
     weight, stored_vocab_major = model.output_projection()
-    if stored_vocab_major != vocab_major:
+    if stored_vocab_major != out_major:
         weight = weight.T
-    return {"layers": model.layer_params(fuse=True),
-            "unembedding": Unembedding(weight, vocab_major)}
+    return {"layers": model.layer_params(fuse=True, out_major=out_major),
+            "unembedding": Projection(weight, out_major)}
 
 
 def weights_and_logits(model: Transformer, fused: dict | None):
     """(per-layer weights, logits function): from the fused copy, or the model's own layout."""
     if fused is None:
         return model.layer_params(), model.logits
-    return fused["layers"], fused["unembedding"].logits
+    return fused["layers"], partial(fused["unembedding"], preferred_element_type=jnp.float32)
 
 
 class DecodeWeights(enum.StrEnum):

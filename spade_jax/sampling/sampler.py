@@ -103,9 +103,9 @@ class DecodeDots(enum.StrEnum):
     EMITTER = "emitter"
 
     @property
-    def vocab_major_unembedding(self) -> bool:
-        """Whether the fused CPU weights hold the output projection as [vocab, D] (YNNPACK's
-        faster batched logits) rather than [D, vocab] (the emitter's)."""
+    def out_major(self) -> bool:
+        """Whether the fused CPU weights hold every matrix as [out, in] (YNNPACK's faster
+        batched products, logits included) rather than [in, out] (the emitter's)."""
         return self is DecodeDots.YNNPACK
 
     def compiler_options(self, platform: str, program: str) -> dict | None:
@@ -123,8 +123,8 @@ class Sampler:
     weights in this dtype, and its KV cache has this dtype too (float32 master weights, bf16
     sampling).
     `fuse_weights` (default: on for CPU) keeps `fused_decode_weights`, a copy of the weights
-    with q/k/v and gate/up concatenated and the output projection in the orientation
-    `decode_dots` reads fastest — faster decode on CPU at the cost of a second copy of the
+    with q/k/v and gate/up concatenated and every matrix in the orientation `decode_dots`
+    reads fastest — faster decode on CPU at the cost of a second copy of the
     weights.
     `prefill_tokens`: the tokens one extend call may compute per device (see `extend_width`).
     `kv_layout` (None: the one the mesh's platform runs without copies,
@@ -170,7 +170,7 @@ class Sampler:
         self._state_shardings = param_shardings(state, self.mesh)
         self._prepare = jax.jit(
             lambda s: programs.fused_decode_weights(nnx.merge(self.graphdef, s),
-                                                    self.decode_dots.vocab_major_unembedding),
+                                                    self.decode_dots.out_major),
             in_shardings=(self._state_shardings,),
         )
         self._cast = jax.jit(lambda s: jax.tree.map(lambda a: a.astype(self._dtype_for(a)), s),

@@ -443,17 +443,32 @@ def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_
 
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("dots", ["ynnpack", "emitter"])
-def test_each_decode_dot_path_reads_its_own_unembedding_layout_to_the_same_tokens(tied, dots):
-    """YNNPACK's fused copy holds the output projection as [vocab, D], the emitter's as
-    [D, vocab], from a tied embedding or an lm_head alike; both sample the same tokens with the
-    same log-probs as the unfused weights."""
+def test_each_decode_dot_path_reads_its_own_weight_layout_to_the_same_tokens(tied, dots):
+    """YNNPACK's fused copy holds every matrix [out, in] (the output projection [vocab, D]),
+    the emitter's [in, out], from a tied embedding or an lm_head alike; both sample the same
+    tokens with the same log-probs as the unfused weights."""
     model = Transformer(dataclasses.replace(CFG, tie_embeddings=tied), rngs=nnx.Rngs(1))
     fused = Sampler(model, decode_dots=dots)
+    out_major = dots == "ynnpack"
+
+    def orient(matrix):  # an [in, out] matrix as the copy holds it
+        return matrix.T if out_major else matrix
+
     unembedding = fused.fused_weights["unembedding"]
     weight, stored_vocab_major = model.output_projection()
-    assert unembedding.vocab_major is (dots == "ynnpack")
-    np.testing.assert_array_equal(
-        unembedding.weight, weight if stored_vocab_major == unembedding.vocab_major else weight.T)
+    assert unembedding.out_major is out_major
+    np.testing.assert_array_equal(unembedding.weight,
+                                  orient(weight.T if stored_vocab_major else weight))
+    layer, held = model.layer_params()[1], fused.fused_weights["layers"][1]
+    assert {name: p.out_major for name, p in held.items() if hasattr(p, "out_major")} == {
+        name: out_major for name in ("wqkv", "wo", "w_gate_up", "w_down")}
+    d_model = CFG.d_model
+    np.testing.assert_array_equal(held["wqkv"].weight, orient(np.concatenate(
+        [layer[n].reshape(d_model, -1) for n in ("wq", "wk", "wv")], axis=1)))
+    np.testing.assert_array_equal(held["wo"].weight, orient(layer["wo"].reshape(-1, d_model)))
+    np.testing.assert_array_equal(held["w_gate_up"].weight,
+                                  orient(np.concatenate([layer["w_gate"], layer["w_up"]], axis=1)))
+    np.testing.assert_array_equal(held["w_down"].weight, orient(layer["w_down"]))
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
     turns = fused.start(prompts, capacity=64).decode(10, temperature=1.0, seed=4)
     ref = Sampler(model, fuse_weights=False).start(prompts, capacity=64).decode(
