@@ -3,6 +3,7 @@
     python bench/rollout.py [--conversations 64] [--slots 0] [--max-turns 3] [--new-tokens 256]
                             [--repeats 1] [--skip-engine] [--skip-transformers]
                             [--draft-tokens N] [--ablation] [--temperature T] [--top-p P]
+                            [--compile-cache DIR]
 
 SmolLM2-135M-Instruct (float32, 2 threads), greedy (or sampled at --temperature, --top-p: the
 SPADE rollout's own setting), natural EOS, at most --new-tokens per turn.
@@ -28,6 +29,9 @@ workload again: what a run of many rollouts sees once its programs are compiled.
 compared token for token: greedy decoding is deterministic, and our ways draw a sampled token
 with the key of (seed, conversation, position) whichever step draws it; but a float near-tie
 between two implementations may pick the other token, after which a conversation diverges.
+--compile-cache keeps JAX's persistent compilation cache in DIR, as `launch/train.py` does in
+<workdir>/compile_cache: the first runs of a second invocation with the same DIR are what a
+relaunched job pays, its programs loaded rather than compiled.
 --ablation adds the engine without drafts and the static session with them, to split the
 engine's gain between its schedule and its drafts. Our ways also print their decode steps
 (iterations of the decode loop, each a forward of every row the program computes): on a
@@ -196,6 +200,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy; SPADE's Agent samples at 0.6, top-p 0.95")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--compile-cache", default=None, metavar="DIR",
+                        help="JAX's persistent compilation cache in DIR (default: none)")
     args = parser.parse_args()
     slots = args.slots or args.conversations
     sampling = dict(temperature=args.temperature, top_p=args.top_p, seed=0)
@@ -208,7 +214,9 @@ def main() -> None:
     from spade_jax.sampling import Sampler
     from spade_jax.sampling.sampler import DRAFT_TOKENS
     from spade_jax.spade.rollout import ChatFormat
+    from spade_jax.workdir import enable_compilation_cache
 
+    cache = enable_compilation_cache(args.compile_cache) if args.compile_cache else None
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores visible; load average "
           f"{os.getloadavg()[0]:.2f} (other work on the machine skews the figures)", flush=True)
     policy = spade_jax.load_policy("smollm2-135m-instruct")
@@ -252,15 +260,18 @@ def main() -> None:
             if repeat and name == "transformers":
                 continue
             compiling.clear()
+            hits_before = cache.counts["hits"] if cache else 0
             start = time.perf_counter()
             results[name], steps = run()
             seconds[name] = time.perf_counter() - start
             tokens = sum(len(t) for turns in results[name] for t in turns)
+            loaded = (cache.counts["hits"] - hits_before) if cache else 0  # timed as compiles
             print(f"run {repeat + 1} {name:>16}: {tokens:6d} tokens in {seconds[name]:7.1f} s = "
-                  f"{tokens / seconds[name]:6.1f} useful tokens/s, of which {len(compiling)} "
-                  f"XLA compilations took {sum(compiling):.1f} s (load average "
-                  f"{os.getloadavg()[0]:.2f})" + (f"; {steps} decode steps" if steps else ""),
-                  flush=True)
+                  f"{tokens / seconds[name]:6.1f} useful tokens/s, of which "
+                  f"{len(compiling) - loaded} XLA compilations"
+                  + (f" and {loaded} loads from the cache" if cache else "")
+                  + f" took {sum(compiling):.1f} s (load average {os.getloadavg()[0]:.2f})"
+                  + (f"; {steps} decode steps" if steps else ""), flush=True)
         for name in results:
             same = sum(a == b for a, b in zip(results[name], results["static"], strict=True))
             ratios = ", ".join(f"{ours} is {seconds[name] / seconds[ours]:.2f}x as fast"
