@@ -125,8 +125,9 @@ class Transformer(nnx.Module):
         """Per-layer weights for `unrolled_forward` (the sampler's layout).
 
         `fuse=True` concatenates q/k/v and gate/up into one matrix each, so a decode step runs
-        three large matmuls per layer instead of six (faster on CPU), and holds each 2-D
-        projection as a `layers.Projection`, [out, in] where `out_major`. This copies the
+        three large matmuls per layer instead of six (faster on CPU), and holds the attention's
+        and the dense MLP's matrices (`wqkv`, `wo`, `w_gate_up`, `w_down`; not a router's or the
+        experts') as `layers.Projection`s, [out, in] where `out_major`. This copies the
         weights once (outside any decode loop); use it where the extra memory is affordable.
         """
         stacked = self._layer_params()
