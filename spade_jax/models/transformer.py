@@ -233,6 +233,11 @@ def decoder_block(
     return x, (k, v), load
 
 
+# The unrolled forward's layers share one trace of the block, inlined: a sampler program traces
+# one layer rather than each of them, and compiles to the same instructions (bench/prepare.py).
+_shared_decoder_block = jax.jit(decoder_block, static_argnums=(0, 7), inline=True)
+
+
 def unrolled_forward(
     model: Transformer,
     layer_params: list[dict[str, jax.Array]],
@@ -251,7 +256,8 @@ def unrolled_forward(
     The sampler's path: weights come as per-layer arrays (`Transformer.layer_params`) and the
     cache as one (keys, values) pair per layer in `layout`, so no decode step slices
     stacked weights or copies the cache (XLA-CPU materialises the per-layer slices of a scan,
-    doubling the bytes moved per token). Same masks and maths as `__call__`.
+    doubling the bytes moved per token). Same masks and maths as `__call__`. The layers call
+    one jitted block, traced once per program rather than once per layer.
     `stream_weights`: each layer's weights pass an optimization barrier with the previous
     layer's input, so their gather over 'fsdp' waits until then: one layer ahead of its use,
     never hoisted out of a loop around this forward, a few layers' gathered weights live.
@@ -275,8 +281,8 @@ def unrolled_forward(
             x = constrain(x, ROWS_SPLIT)
         if stream_weights and i + 1 < len(weights):
             weights[i + 1], x = jax.lax.optimization_barrier((weights[i + 1], x))
-        x, kv, _ = decoder_block(cfg, weights[i], x, positions, mask, layer_cache, cache_index,
-                                 layout, cache_rows)
+        x, kv, _ = _shared_decoder_block(cfg, weights[i], x, positions, mask, layer_cache,
+                                         cache_index, layout, cache_rows)
         new_cache.append(kv)
     return layers.rms_norm(x, model.final_norm[...], cfg.rms_eps), new_cache
 

@@ -412,6 +412,36 @@ def test_programs_update_the_cache_in_place(model, layout, program):
         assert temps[1] <= temps[0] * 1.1, temps
 
 
+@pytest.mark.parametrize("program", ["decode", "extend"])
+def test_a_program_traces_one_layer_and_compiles_what_per_layer_traces_did(program,
+                                                                           monkeypatch):
+    """`unrolled_forward`'s layers share one trace of the decoder block (the preparation of a
+    30-layer program, bench/prepare.py), inlined: a 3-layer program traces the block's norms
+    once, and XLA compiles the same instructions as from a trace per layer."""
+    import spade_jax.models.transformer as transformer
+
+    deeper = Transformer(dataclasses.replace(CFG, n_layers=3, d_model=40), rngs=nnx.Rngs(0))
+    norms = []
+    rms_norm = transformer.layers.rms_norm
+    monkeypatch.setattr(transformer.layers, "rms_norm",
+                        lambda *args: norms.append(1) or rms_norm(*args))
+
+    def compiled_lines():
+        norms.clear()
+        one_device = make_mesh((1, 1, 1), jax.devices()[:1])
+        text = Sampler(deeper, mesh=one_device).lower(program, 2, 96).compile().as_text()
+        # the instructions, without their source locations (which differ)
+        return [re.sub(r", metadata=\{[^}]*\}", "", line) for line in text.splitlines()
+                if re.match(r"\s+\S+ = ", line)]
+
+    per_block = 4 if CFG.qk_norm else 2  # attention's and the MLP's, and q's and k's
+    shared = compiled_lines()
+    assert len(norms) == per_block + 1
+    monkeypatch.setattr(transformer, "_shared_decoder_block", transformer.decoder_block)
+    assert shared == compiled_lines()
+    assert len(norms) == 3 * per_block + 1
+
+
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (1, 2, 4)])
 def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_shape):
     """The TPU/GPU cache layout ([B, S, K, Dh]) runs the same maths as the CPU one: prefill,
