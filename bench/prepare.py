@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import time
@@ -58,17 +59,15 @@ def main() -> None:
     work = Workload(args.conversations, 3, chat, policy.tokenizer)
     capacity = max(len(p) for p in work.prompts) + 3 * (args.new_tokens + 512)
     sampling = dict(temperature=0.0, top_p=1.0, seed=0)
-    shared = transformer._shared_decoder_block
-    blocks = {"shared block": shared, "per-layer traces": transformer.decoder_block}
+    # how a program met while serving traces the decoder block
+    blocks = {"shared block": contextlib.nullcontext,
+              "per-layer traces": transformer.tracing_each_layer}
 
     def serve(sampler, way):
-        transformer._shared_decoder_block = blocks[way]  # read when a program is traced
-        try:
+        with blocks[way]():
             return run_engine(sampler, Workload(args.conversations, 3, chat, policy.tokenizer),
                               args.conversations, args.new_tokens, capacity, DRAFT_TOKENS,
                               sampling)[0]
-        finally:
-            transformer._shared_decoder_block = shared
 
     samplers, outputs = {}, {}
     for way in blocks:

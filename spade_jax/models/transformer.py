@@ -13,6 +13,8 @@ the train step and sampler do).
 
 from __future__ import annotations
 
+import contextlib
+
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
@@ -236,6 +238,19 @@ def decoder_block(
 # The unrolled forward's layers share one trace of the block, inlined: a sampler program traces
 # one layer rather than each of them, and compiles to the same instructions (bench/prepare.py).
 _shared_decoder_block = jax.jit(decoder_block, static_argnums=(0, 7), inline=True)
+
+
+@contextlib.contextmanager
+def tracing_each_layer():
+    """Programs traced within trace the block anew for every layer, as before the shared trace:
+    the baseline of `bench/prepare.py`, and the way for a test that patches a module constant
+    the block reads (the shared trace of a config and shapes keeps what it was traced with)."""
+    global _shared_decoder_block
+    shared, _shared_decoder_block = _shared_decoder_block, decoder_block
+    try:
+        yield
+    finally:
+        _shared_decoder_block = shared
 
 
 def unrolled_forward(

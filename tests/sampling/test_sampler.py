@@ -437,8 +437,8 @@ def test_a_program_traces_one_layer_and_compiles_what_per_layer_traces_did(progr
     per_block = 4 if CFG.qk_norm else 2  # attention's and the MLP's, and q's and k's
     shared = compiled_lines()
     assert len(norms) == per_block + 1
-    monkeypatch.setattr(transformer, "_shared_decoder_block", transformer.decoder_block)
-    assert shared == compiled_lines()
+    with transformer.tracing_each_layer():
+        assert shared == compiled_lines()
     assert len(norms) == 3 * per_block + 1
 
 
