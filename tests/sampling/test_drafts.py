@@ -80,11 +80,11 @@ def assert_drafts_change_nothing(model, capacity, **sampling):
     """Tokens, finish reasons and log-probs equal with and without drafts, over two turns with
     an append between, with a stop token, budgets, rows that fill their capacity and windows
     that grow between segments; returns the decode steps (without, with)."""
-    plain = Sampler(model, draft_tokens=0).start(PROMPTS, capacity=capacity)
-    drafting = Sampler(model, draft_tokens=4)
+    plain_sampler, drafting = Sampler(model, draft_tokens=0), Sampler(model, draft_tokens=4)
+    plain = plain_sampler.start(PROMPTS, capacity=capacity)
     drafted = drafting.start(PROMPTS, capacity=capacity)
     first = plain.decode(40, **sampling)[0].tokens
-    plain = Sampler(model, draft_tokens=0).start(PROMPTS, capacity=capacity)
+    plain = plain_sampler.start(PROMPTS, capacity=capacity)
     stop = first[len(first) // 2]
     for budget in (40, 150):
         a = plain.decode(budget, stop_token_ids=[stop], **sampling)
