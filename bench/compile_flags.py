@@ -24,9 +24,12 @@ import time
 from sampler import cpu_model  # bench/: this script's folder is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.commands import TEST_XLA_FLAGS  # noqa: E402  (the suite's flags, measured as they are)
+
 FLAG_SETS = {
     "before": "--xla_backend_optimization_level=0",
-    "after": "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false",
+    "after": TEST_XLA_FLAGS,
 }
 
 
