@@ -71,7 +71,7 @@ def test_tpu_extend_keeps_the_cache_in_place():
     assert not copies, copies[:2]
 
 
-MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_heads=4,
+MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=8, n_heads=8, n_kv_heads=4,
                   head_dim=64, ffn_dim=512, qk_norm=True, n_experts=8, n_experts_per_tok=2,
                   expert_ffn_dim=2048, family="qwen3_moe")
 
@@ -79,11 +79,11 @@ MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=16, n_heads=8, n_kv_hea
 @pytest.mark.parametrize("moe_sharding", list(MoeSharding))
 def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode(moe_sharding):
     """On a v5e-8 mesh (1, 4, 2), compiled by the TPU compiler: with resident weights it hoists
-    every layer's all-gather of its experts over 'fsdp' out of the decode loop, so the loop's
-    temporaries hold (nearly) all 16 layers' gathered experts (half of them on a 'tensor' rank,
-    768 MiB, too large for the chip's on-core memory; measured 770 MiB split by expert, 735 by
-    hidden column); per step it gathers them a layer ahead of their use inside the loop and
-    holds a few (248 MiB both ways)."""
+    the layers' all-gathers of their experts over 'fsdp' out of the decode loop, so the loop's
+    temporaries hold the gathered experts (half of them on a 'tensor' rank) of all the layers
+    but one or two, a footprint that grows with depth; per step it gathers them a layer ahead
+    of their use inside the loop and holds a few layers' worth at any depth. (8 layers keep
+    the compilations short; at 16 the resident share passed 90 %.)"""
     from spade_jax.sampling import DecodeWeights
 
     mesh = make_mesh((1, 4, 2), tpu_topology_devices("v5e-8"))
@@ -98,5 +98,9 @@ def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode
     gathered_experts = MOE.n_layers * 3 * (MOE.n_experts // 2) * MOE.d_model * \
         MOE.expert_ffn_dim * 2  # bf16 per device
     resident, per_step = decode_temp(DecodeWeights.RESIDENT), decode_temp(DecodeWeights.PER_STEP)
-    assert resident > 0.9 * gathered_experts, (resident, gathered_experts)
-    assert per_step < 0.5 * gathered_experts, (per_step, gathered_experts)
+    layers_held = resident / gathered_experts * MOE.n_layers, per_step / gathered_experts * \
+        MOE.n_layers
+    print(f"{moe_sharding.name}: layers of gathered experts held, resident / per step: "
+          f"{layers_held[0]:.2f} / {layers_held[1]:.2f} of {MOE.n_layers}")
+    assert layers_held[0] > MOE.n_layers - 2, layers_held
+    assert layers_held[1] < MOE.n_layers / 2, layers_held
