@@ -7,7 +7,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from spade_jax.models.transformer import forward_logits  # noqa: E402
-from spade_jax.weights import load_gguf, load_hf_model, smollm2_gguf_path  # noqa: E402
+from spade_jax.weights import (  # noqa: E402
+    load_gguf,
+    load_hf_model,
+    load_tokenizer,
+    smollm2_gguf_path,
+)
 from spade_jax.weights.tiny import TINY_FAMILIES, write_tiny_checkpoint  # noqa: E402
 
 
@@ -32,7 +37,9 @@ def test_tiny_random_model_matches_transformers(family, tmp_path):
 @pytest.mark.slow
 def test_smollm2_matches_transformers_gguf_loader():
     path = smollm2_gguf_path()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # Ours: tests/weights/test_tokenizer.py holds it to transformers' on this file, whose GGUF
+    # tokenizer would take as long to load as the model.
+    tokenizer = load_tokenizer(path)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
