@@ -83,7 +83,7 @@ def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode
     temporaries hold the gathered experts (half of them on a 'tensor' rank) of all the layers
     but one or two; per step it gathers them inside the loop, a layer ahead of their use, and
     its temporaries hold about a third of them. (8 layers keep the compilations short; at 16
-    the resident share passed 90 %, the per-step one stayed near a third.)"""
+    the resident share was larger and the per-step one about the same.)"""
     from spade_jax.sampling import DecodeWeights
 
     mesh = make_mesh((1, 4, 2), tpu_topology_devices("v5e-8"))
