@@ -168,8 +168,8 @@ def _extend_peak_gib_30b_widths() -> float:
 @pytest.mark.slow  # two compiles at 30B widths on 8 CPUs: 47 s on a busy 2-core machine
 def test_dropless_moe_chunks_keep_the_30b_extend_small(monkeypatch):
     """With the dropless experts routed 4096 tokens at a time the 2-layer extend stays under
-    6 GiB per device (measured 3.75 GiB); one buffer for all 65536 tokens per rank needs
-    several times more."""
+    6 GiB per device; one buffer for all 65536 tokens per rank needs several times more (the
+    test prints both)."""
     from spade_jax.models import moe, transformer
 
     chunked = _extend_peak_gib_30b_widths()
