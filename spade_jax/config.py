@@ -21,7 +21,7 @@ import numpy as np
 
 from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
-from spade_jax.models.attention import DECODE_QUERIES, AttentionKernel
+from spade_jax.models.attention import DECODE_QUERIES, AttentionKernel, DecodeAttention
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
@@ -119,6 +119,7 @@ class PolicyConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
+    decode_attention: DecodeAttention | None = DecodeAttention.AUTO  # also set on `arch`
     moe_capacity_factor: float | None = None  # also set on `arch` by `parse`
     moe_sharding: MoeSharding | None = MoeSharding.FFN  # also set on `arch` by `parse`
 
@@ -454,9 +455,10 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     model = dict(c["model"], arch=_section(ModelConfig, c["model"]["arch"], "model.arch",
                                            problems))
     model.setdefault("compute_dtype", model["param_dtype"])
-    model["attention"] = _choice(AttentionKernel, model["attention"], "model.attention", problems)
-    if model["arch"] is not None and model["attention"] is not None:
-        model["arch"] = model["arch"].replace(attention=model["attention"])
+    for key, kind in (("attention", AttentionKernel), ("decode_attention", DecodeAttention)):
+        model[key] = _choice(kind, model[key], f"model.{key}", problems)
+        if model["arch"] is not None and model[key] is not None:
+            model["arch"] = model["arch"].replace(**{key: model[key]})
     model["moe_sharding"] = _choice(MoeSharding, model["moe_sharding"], "model.moe_sharding",
                                     problems)
     if model["arch"] is not None:

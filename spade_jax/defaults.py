@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 
 from spade_jax.config import Mode
-from spade_jax.models.attention import AttentionKernel
+from spade_jax.models.attention import AttentionKernel, DecodeAttention
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat
@@ -67,8 +67,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
     # Causal attention kernel: auto (splash on TPU, cuDNN on GPU in bf16/fp16, else xla),
-    # xla, splash (Pallas; interpreted off TPU) or cudnn. Cached extends/decode run XLA.
+    # xla, splash (Pallas; interpreted off TPU) or cudnn. Cached extends run XLA.
     c.model.attention = AttentionKernel.AUTO.value
+    # A decode step's attention over the KV cache: auto (ragged on TPU, else xla), xla (every
+    # row against the whole window) or ragged (Pallas: each row's keys only up to its own
+    # length; needs the sequence-major cache, interpreted off TPU). See models/ragged_decode.py.
+    c.model.decode_attention = DecodeAttention.AUTO.value
     # Mixture of experts: None = dropless (the checkpoint's model); c = under
     # moe_sharding=experts each rank computes at most c x its balanced share of token copies
     # and drops the rest.

@@ -8,11 +8,13 @@ What runs depends on the call's shape and on `AttentionKernel`:
   `shard_map`: rows over ('data', 'fsdp'), heads over 'tensor'),
   cuDNN flash attention through `jax.nn.dot_product_attention` on GPU (bfloat16/float16), and
   on CPU XLA einsums over causal query blocks with a flash-style hand-written backward;
-- up to `DECODE_QUERIES` queries per row (a decode step and its drafts): one direct XLA
-  product over the whole window;
+- up to `DECODE_QUERIES` queries per row (a decode step and its drafts): the kernel
+  `DecodeAttention` picks, on a TPU mesh the Pallas ragged decode (`ragged_decode.py`: each
+  row's keys only up to its own last query), elsewhere one direct XLA product over the whole
+  window;
 - several queries against a KV cache (prefill, observation appends): an XLA online softmax
   over key blocks (`_flash_attention`), so no [B, H, chunk, S] float32 score matrix exists.
-The kernels cover the causal case only: splash's masks are static (a traced cache index
+The causal kernels cover the causal case only: splash's masks are static (a traced cache index
 cannot be its causal offset) and cuDNN would need a [B, 1, T, S] bias, so the cached shapes
 run the XLA paths on every backend.
 """
@@ -69,6 +71,37 @@ class AttentionKernel(enum.StrEnum):
         return self
 
 
+class DecodeAttention(enum.StrEnum):
+    """`model.decode_attention`: which kernel runs a decode step's attention over the cache
+    (AUTO: RAGGED on a TPU mesh with the sequence-major cache, else XLA)."""
+
+    AUTO = "auto"
+    XLA = "xla"  # every row's queries against the whole window, one product
+    RAGGED = "ragged"  # Pallas, each row's key blocks up to its last query (interpreted off TPU)
+
+    def resolve(self, platform: str, layout: KVLayout, n_keys: int) -> DecodeAttention:
+        """The concrete kernel on `platform` (the mesh's) for a `layout` cache of `n_keys`
+        slots. RAGGED needs the sequence-major cache and a window divisible by 16 slots (the
+        sampler's windows, 2^i or 1.5 * 2^i, from 32 slots); AUTO falls back to XLA without
+        them, an explicit RAGGED is refused."""
+        fits = layout is KVLayout.SEQUENCE_MAJOR and n_keys % 16 == 0
+        if self is DecodeAttention.AUTO:
+            return DecodeAttention.RAGGED if platform == "tpu" and fits else DecodeAttention.XLA
+        if self is DecodeAttention.RAGGED and not fits:
+            raise ValueError(f"model.decode_attention='ragged' needs the sequence-major cache "
+                             f"and a window divisible by 16 slots, got {layout.value} over "
+                             f"{n_keys}; use 'xla' or 'auto'")
+        return self
+
+
+def context_platform() -> str:
+    """The platform of the mesh a program is traced under (`jax.set_mesh`, the sampler's
+    `traced_in_mesh`), else JAX's default backend: ahead-of-time TPU programs are traced on
+    CPU hosts."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.default_backend() if mesh.empty else mesh.abstract_device.platform
+
+
 class SlotMask(NamedTuple):
     """Which keys each query sees: query t sits at slot `first_query_slot + t` and sees the
     slots at or before its own that `kv_valid` [B, S] marks as real tokens.
@@ -100,7 +133,7 @@ def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: SlotMask, *, causal: bool,
     kernel: AttentionKernel = AttentionKernel.XLA, layout: KVLayout = KVLayout.HEAD_MAJOR,
     query_chunk: int = ATTENTION_QUERY_CHUNK, key_block: int = ATTENTION_KEY_BLOCK,
-    cache_rows: jax.Array | None = None,
+    cache_rows: jax.Array | None = None, decode_kernel: DecodeAttention = DecodeAttention.XLA,
 ) -> jax.Array:
     """Grouped-query attention without repeating KV heads; returns [B, T, H, Dh].
 
@@ -108,7 +141,8 @@ def attention(
     [B, K, S, Dh]) with H a multiple of K. `causal=True` promises S == T and a first query
     slot of 0 (the no-cache training forward) and runs `kernel` (resolved for the current
     backend); otherwise up to `DECODE_QUERIES` queries per row are a decode step (with its
-    drafts) and more are a cached extend (XLA paths, see the module docstring; `query_chunk`
+    drafts, run by `decode_kernel` resolved for the context mesh's platform) and more are a
+    cached extend (XLA paths, see the module docstring; `query_chunk`
     queries and `key_block` keys per score block). An extend of some rows of a cache passes
     the whole cache and `cache_rows` [B], the cache row of each query row: it reads only
     their key blocks. A query that sees no key gets an unspecified finite output.
@@ -134,7 +168,16 @@ def attention(
     if causal:
         out = _causal_blocks(q, k_t, v, mask, query_chunk)
     elif q_len <= DECODE_QUERIES:
-        out = _decode_block(q, k, v, mask.dense(q_len), layout)
+        platform = context_platform()
+        decode_kernel = DecodeAttention(decode_kernel).resolve(platform, layout,
+                                                               layout.n_slots(v))
+        if decode_kernel is DecodeAttention.RAGGED:
+            from spade_jax.models.ragged_decode import ragged_decode_sharded
+
+            out = ragged_decode_sharded(q, k, v, mask.kv_valid, mask.first_query_slot,
+                                        interpret=platform != "tpu")
+        else:
+            out = _decode_block(q, k, v, mask.dense(q_len), layout)
     else:
         out = _chunked(lambda qc, m: _flash_attention(qc, k, v, m, key_block, layout,
                                                       cache_rows), q, mask, query_chunk)

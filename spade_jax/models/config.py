@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from spade_jax.models.attention import AttentionKernel
+from spade_jax.models.attention import AttentionKernel, DecodeAttention
 from spade_jax.models.moe import MoeSharding
 
 
@@ -65,6 +65,8 @@ class ModelConfig:
     family: Family = Family.LLAMA  # decides the HF layout on import and export
     # Not architecture: which kernel runs causal attention (config key `model.attention`).
     attention: AttentionKernel = AttentionKernel.AUTO
+    # Not architecture: which kernel runs a decode step's attention (`model.decode_attention`).
+    decode_attention: DecodeAttention = DecodeAttention.AUTO
     # Not architecture: each expert-parallel rank's MoE buffer as a multiple of its balanced
     # share of token copies; copies past it are dropped (config key `model.moe_capacity_factor`,
     # None: dropless). See `moe.buffer_rows`.
@@ -73,8 +75,8 @@ class ModelConfig:
     moe_sharding: MoeSharding = MoeSharding.FFN
 
     def __post_init__(self):
-        for name, kind in (("attention", AttentionKernel), ("moe_sharding", MoeSharding),
-                           ("family", Family)):
+        for name, kind in (("attention", AttentionKernel), ("decode_attention", DecodeAttention),
+                           ("moe_sharding", MoeSharding), ("family", Family)):
             value = getattr(self, name)
             if value not in tuple(kind):
                 raise ValueError(f"{name}={value!r}: use one of {tuple(k.value for k in kind)}")

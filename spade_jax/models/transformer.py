@@ -215,7 +215,7 @@ def decoder_block(
         k, v = layout.write(layer_cache, k, v, cache_index, cache_rows)
     attn = attention(q, k.astype(x.dtype), v.astype(x.dtype), mask,
                      causal=layer_cache is None, kernel=cfg.attention, layout=layout,
-                     cache_rows=cache_rows)
+                     cache_rows=cache_rows, decode_kernel=cfg.decode_attention)
     attn = attn.reshape(batch, length, n_q)
     x = x + (params["wo"](attn) if fused else attn @ params["wo"].reshape(n_q, d_model))
     h = layers.rms_norm(x, params["mlp_norm"], cfg.rms_eps)

@@ -56,8 +56,9 @@ def load_model_and_tokenizer(model: PolicyConfig, seed: int, mesh):
         return (Transformer(model.arch, rngs=nnx.Rngs(seed), param_dtype=dtype),
                 load_tokenizer(named_path(model.tokenizer)))
     policy = load_policy(model.source, mesh=mesh, dtype=dtype)
-    policy.model.cfg = policy.config.replace(attention=model.attention,
-                                             moe_capacity_factor=model.moe_capacity_factor)
+    policy.model.cfg = policy.config.replace(
+        attention=model.attention, decode_attention=model.decode_attention,
+        moe_capacity_factor=model.moe_capacity_factor)
     if policy.config != model.arch:
         log.warning("the checkpoint's architecture differs from config.model.arch; "
                     "using the checkpoint's: %s", policy.config)

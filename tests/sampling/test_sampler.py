@@ -442,11 +442,16 @@ def test_a_program_traces_one_layer_and_compiles_what_per_layer_traces_did(progr
     assert len(norms) == 3 * per_block + 1
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (1, 2, 4)])
-def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_shape):
+@pytest.mark.parametrize(("mesh_shape", "decode_attention", "feed_drafts"), [
+    ((1, 1, 1), "xla", False), ((1, 2, 4), "xla", False),
+    ((1, 1, 1), "ragged", False), ((1, 2, 4), "ragged", True)])
+def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_shape,
+                                                           decode_attention, feed_drafts,
+                                                           monkeypatch):
     """The TPU/GPU cache layout ([B, S, K, Dh]) runs the same maths as the CPU one: prefill,
-    decode, an append that grows the window, and more decode give the same tokens and
-    log-probs, on one device and split over (1, 2, 4) without a replica."""
+    decode (with drafts), an append that grows the window, and more decode give the same
+    tokens and log-probs, on one device and split over (1, 2, 4) without a replica; so does
+    the decode attention TPU runs, the Pallas ragged decode (interpreted here)."""
     prompts = [[1 + (i + j) % 50 for j in range(3 + 2 * i)] for i in range(8)]
     observations = [[3 + (j * (i + 1)) % 40 for j in range(20 + 10 * i)] for i in range(8)]
 
@@ -456,8 +461,19 @@ def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_
         second = session.decode(6, temperature=1.0, seed=6)
         return first + second, session.training_arrays()
 
+    import spade_jax.models.ragged_decode as ragged
+    import spade_jax.sampling.session as session_lib
+
+    if feed_drafts:  # steps feed their drafts (5 queries a row) whatever they confirmed
+        monkeypatch.setattr(session_lib, "DRAFTS_PAY_AT", 0.0)
+    traced = []
+    kernel = ragged.ragged_decode
+    monkeypatch.setattr(ragged, "ragged_decode", lambda q, *a, **kw: traced.append(
+        q.shape[3]) or kernel(q, *a, **kw))
     n_devices = int(np.prod(mesh_shape))
-    sequence_major = Sampler(model, mesh=make_mesh(mesh_shape, jax.devices()[:n_devices]),
+    tpu_like = nnx.clone(model)
+    tpu_like.cfg = CFG.replace(decode_attention=decode_attention)
+    sequence_major = Sampler(tpu_like, mesh=make_mesh(mesh_shape, jax.devices()[:n_devices]),
                              kv_layout="sequence_major")
     assert sequence_major.kv_layout is KVLayout.SEQUENCE_MAJOR
     assert sampler.kv_layout is KVLayout.HEAD_MAJOR  # the CPU default
@@ -466,6 +482,8 @@ def test_sequence_major_cache_samples_what_head_major_does(model, sampler, mesh_
     ref_turns, ref_arrays = play(sampler.start(prompts, capacity=256))
     assert [t.tokens for t in turns] == [t.tokens for t in ref_turns]
     np.testing.assert_allclose(arrays["policy_logp"], ref_arrays["policy_logp"], atol=1e-5)
+    queries = 1 + sampler.draft_tokens if feed_drafts else 1  # per row and step
+    assert set(traced) == ({queries} if decode_attention == "ragged" else set()), traced
     for k, v in session.cache:
         assert k.shape == v.shape == (8, session.window, CFG.n_kv_heads, CFG.head_dim)
         assert k.addressable_shards[0].data.size * n_devices == k.size, k.sharding

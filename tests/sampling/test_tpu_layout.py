@@ -28,20 +28,25 @@ CFG = ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=8, n_kv_heads
 BATCH, WINDOW = 16, 8192
 
 
-def _tpu_sampler(layout):
+def _tpu_sampler(layout, decode_attention="auto"):
     """A bf16 sampler of CFG over a v5p-8 mesh (fsdp 2, tensor 2), its cache in `layout`."""
     devices = tpu_topology_devices("v5p-8")
     mesh = make_mesh((1, 2, 2), devices)
-    model = nnx.eval_shape(lambda: Transformer(CFG, rngs=nnx.Rngs(0)))
+    cfg = CFG.replace(decode_attention=decode_attention)
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     assert devices[0].platform == "tpu" and Sampler(
         model, mesh=mesh, fuse_weights=False).kv_layout is KVLayout.SEQUENCE_MAJOR
     return Sampler(model, mesh=mesh, fuse_weights=False, compute_dtype="bfloat16",
                    kv_layout=layout)
 
 
+def _compiled_decode(layout, draft_tokens=0, decode_attention="auto"):
+    return _tpu_sampler(layout, decode_attention).lower(
+        "decode", BATCH, WINDOW, draft_tokens=draft_tokens).compile()
+
+
 def _decode_temp_and_cache_bytes(layout, draft_tokens=0):
-    memory = _tpu_sampler(layout).lower("decode", BATCH, WINDOW,
-                                        draft_tokens=draft_tokens).compile().memory_analysis()
+    memory = _compiled_decode(layout, draft_tokens).memory_analysis()
     per_device_cache = CFG.n_layers * 2 * BATCH * WINDOW * CFG.n_kv_heads * CFG.head_dim * 2 / 4
     return memory.temp_size_in_bytes, per_device_cache
 
@@ -57,6 +62,20 @@ def test_tpu_decode_with_drafts_keeps_the_cache_in_place_too():
     """Each step writes a row's pending token and its 4 drafts (5 slots) from its own slot."""
     temp, cache = _decode_temp_and_cache_bytes(KVLayout.SEQUENCE_MAJOR, draft_tokens=4)
     assert temp < 0.25 * cache, (temp, cache)
+
+
+def test_tpu_decode_attends_with_the_ragged_kernel_and_no_score_matrix():
+    """On TPU the decode's attention is the Pallas ragged decode (model.decode_attention
+    auto), compiled by Mosaic, one call per layer; without the XLA decode's float32 scores
+    of every row against the whole window its temporaries are a fraction of that one's."""
+    ragged, xla = (_compiled_decode(KVLayout.SEQUENCE_MAJOR, 4, kind) for kind in ("auto", "xla"))
+    calls = [text.count("custom_call_target=\"tpu_custom_call\"")
+             for text in (ragged.as_text(), xla.as_text())]
+    assert calls == [CFG.n_layers, 0], calls
+    temps = [c.memory_analysis().temp_size_in_bytes for c in (ragged, xla)]
+    print(f"drafts decode temporaries, ragged / xla: {temps[0] / 2**20:.1f} / "
+          f"{temps[1] / 2**20:.1f} MiB")
+    assert temps[0] < 0.5 * temps[1], temps
 
 
 def test_tpu_extend_keeps_the_cache_in_place():
