@@ -22,7 +22,7 @@ import numpy as np
 from spade_jax.envs.sandbox.isolation import SandboxConfig
 from spade_jax.errors import ConfigError
 from spade_jax.models.attention import DECODE_QUERIES, AttentionKernel, DecodeAttention
-from spade_jax.models.config import ModelConfig
+from spade_jax.models.config import MODEL_OPTIONS, ModelConfig
 from spade_jax.models.moe import MoeSharding
 from spade_jax.rl.losses import LossAggregation
 from spade_jax.rl.trainer import Remat, TrainConfig
@@ -118,10 +118,11 @@ class PolicyConfig:
     arch: ModelConfig | None = None
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    attention: AttentionKernel | None = AttentionKernel.AUTO  # also set on `arch` by `parse`
-    decode_attention: DecodeAttention | None = DecodeAttention.AUTO  # also set on `arch`
-    moe_capacity_factor: float | None = None  # also set on `arch` by `parse`
-    moe_sharding: MoeSharding | None = MoeSharding.FFN  # also set on `arch` by `parse`
+    # MODEL_OPTIONS, also set on `arch` by `parse` and on a checkpoint's architecture
+    attention: AttentionKernel | None = AttentionKernel.AUTO
+    decode_attention: DecodeAttention | None = DecodeAttention.AUTO
+    moe_capacity_factor: float | None = None
+    moe_sharding: MoeSharding | None = MoeSharding.FFN
 
     def problems(self) -> list[str]:
         out = []
@@ -455,16 +456,12 @@ def parse(cfg: ml_collections.ConfigDict, n_devices: int | None = None) -> RunCo
     model = dict(c["model"], arch=_section(ModelConfig, c["model"]["arch"], "model.arch",
                                            problems))
     model.setdefault("compute_dtype", model["param_dtype"])
-    for key, kind in (("attention", AttentionKernel), ("decode_attention", DecodeAttention)):
+    choices = (("attention", AttentionKernel), ("decode_attention", DecodeAttention),
+               ("moe_sharding", MoeSharding))
+    for key, kind in choices:
         model[key] = _choice(kind, model[key], f"model.{key}", problems)
-        if model["arch"] is not None and model[key] is not None:
-            model["arch"] = model["arch"].replace(**{key: model[key]})
-    model["moe_sharding"] = _choice(MoeSharding, model["moe_sharding"], "model.moe_sharding",
-                                    problems)
-    if model["arch"] is not None:
-        model["arch"] = model["arch"].replace(moe_capacity_factor=model["moe_capacity_factor"])
-    if model["arch"] is not None and model["moe_sharding"] is not None:
-        model["arch"] = model["arch"].replace(moe_sharding=model["moe_sharding"])
+    if model["arch"] is not None and all(model[key] is not None for key, _ in choices):
+        model["arch"] = model["arch"].with_options({name: model[name] for name in MODEL_OPTIONS})
     t = dict(c["train"], tis_cap=c["train"]["tis_cap"] or None)
     t["remat"] = _choice(Remat, t["remat"], "train.remat", problems)
     t["loss_aggregation"] = _choice(LossAggregation, t["loss_aggregation"],

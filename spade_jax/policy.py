@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +140,16 @@ def resolve_model(name_or_path: str | Path) -> Path:
 
 
 def load_policy(
-    name_or_path: str | Path, *, mesh: Mesh | None = None, dtype=None
+    name_or_path: str | Path, *, mesh: Mesh | None = None, dtype=None,
+    options: Mapping[str, Any] | None = None,
 ) -> Policy:
     """Load a policy by built-in name, HF safetensors directory, `.gguf` file, or HF Hub id
     (`owner/name`, read from the local `huggingface_hub` cache when no such path exists).
 
     Parameters are placed on `mesh` (default: the first device) in `dtype` (default float32).
+    `options` sets `ModelConfig`'s non-architecture fields (`MODEL_OPTIONS`: the attention
+    kernels, the MoE capacity and split) before the model is built, so the experts' weights
+    are laid out as the split they run in needs.
     """
     path = resolve_model(name_or_path)
     mesh = mesh if mesh is not None else make_mesh((1, 1, 1), jax.devices()[:1])
@@ -154,7 +158,7 @@ def load_policy(
     except TypeError as err:
         raise ConfigError(f"dtype {dtype!r} is not a dtype; use 'float32' or 'bfloat16'") from err
     if path.is_dir():
-        model = load_hf_model(path, mesh=mesh, param_dtype=param_dtype)
+        model = load_hf_model(path, mesh=mesh, param_dtype=param_dtype, options=options)
     else:
-        model = load_gguf(path, mesh=mesh, param_dtype=param_dtype)
+        model = load_gguf(path, mesh=mesh, param_dtype=param_dtype, options=options)
     return Policy(model, load_tokenizer(path), mesh)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 from spade_jax.models.attention import AttentionKernel, DecodeAttention
 from spade_jax.models.moe import MoeSharding
+
+# ModelConfig's fields that are not architecture: the run config chooses them, a checkpoint
+# does not carry them (config keys `model.<name>`)
+MODEL_OPTIONS = ("attention", "decode_attention", "moe_capacity_factor", "moe_sharding")
 
 
 class Family(enum.StrEnum):
@@ -105,6 +111,15 @@ class ModelConfig:
                             "(or None for dropless experts)")
         if problems:
             raise ValueError("invalid model config: " + "; ".join(problems))
+
+    def with_options(self, options: Mapping[str, Any] | None) -> ModelConfig:
+        """This architecture with `options`, a mapping of `MODEL_OPTIONS` fields (None: as is).
+        A checkpoint gives the architecture, the run config these."""
+        unknown = set(options or ()) - set(MODEL_OPTIONS)
+        if unknown:
+            raise ValueError(f"model options {sorted(unknown)}: only {MODEL_OPTIONS} are not "
+                             "the checkpoint's architecture")
+        return self.replace(**(options or {}))
 
     def replace(self, **changes) -> ModelConfig:
         """A copy with `changes` applied (e.g. fewer layers for a compile check)."""

@@ -23,6 +23,7 @@ from spade_jax.envs import EnvPool, ValidationReport, validate
 from spade_jax.envs.seeds import list_seed_envs
 from spade_jax.errors import ConfigError, MissingFileError
 from spade_jax.metrics import PhaseTimer
+from spade_jax.models.config import MODEL_OPTIONS
 from spade_jax.models.transformer import Transformer
 from spade_jax.rl.trainer import TrainStep, compute_copy, init_train_state, make_optimizer
 from spade_jax.sampling.engine import Engine, Request
@@ -55,10 +56,8 @@ def load_model_and_tokenizer(model: PolicyConfig, seed: int, mesh):
     if model.source == "random":
         return (Transformer(model.arch, rngs=nnx.Rngs(seed), param_dtype=dtype),
                 load_tokenizer(named_path(model.tokenizer)))
-    policy = load_policy(model.source, mesh=mesh, dtype=dtype)
-    policy.model.cfg = policy.config.replace(
-        attention=model.attention, decode_attention=model.decode_attention,
-        moe_capacity_factor=model.moe_capacity_factor)
+    policy = load_policy(model.source, mesh=mesh, dtype=dtype, options={
+        name: getattr(model, name) for name in MODEL_OPTIONS})
     if policy.config != model.arch:
         log.warning("the checkpoint's architecture differs from config.model.arch; "
                     "using the checkpoint's: %s", policy.config)

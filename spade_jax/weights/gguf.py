@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import gguf
 import jax.numpy as jnp
@@ -181,10 +183,12 @@ def gguf_hf_tensors(
 
 
 def load_gguf(
-    path: str | Path, *, mesh: Mesh | None = None, param_dtype=jnp.float32
+    path: str | Path, *, mesh: Mesh | None = None, param_dtype=jnp.float32,
+    options: Mapping[str, Any] | None = None,
 ) -> Transformer:
-    """Our Transformer with the (dequantised) weights of a GGUF file, sharded on `mesh`."""
+    """Our Transformer with the (dequantised) weights of a GGUF file, sharded on `mesh`;
+    `options`: `ModelConfig`'s non-architecture fields to build it with (`MODEL_OPTIONS`)."""
     reader = open_gguf(path)
-    cfg = gguf_model_config(reader, where=str(path))
+    cfg = gguf_model_config(reader, where=str(path)).with_options(options)
     source = ArraySource(gguf_hf_tensors(reader, cfg, where=str(path)))
     return load_model(cfg, source, mesh=mesh, param_dtype=param_dtype, where=str(path))

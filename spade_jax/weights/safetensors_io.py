@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -80,13 +82,15 @@ def load_hf_config(directory: str | Path) -> ModelConfig:
 
 
 def load_hf_model(
-    directory: str | Path, *, mesh: Mesh | None = None, param_dtype=jnp.float32
+    directory: str | Path, *, mesh: Mesh | None = None, param_dtype=jnp.float32,
+    options: Mapping[str, Any] | None = None,
 ) -> Transformer:
-    """Our Transformer with the weights of an HF safetensors directory, sharded on `mesh`."""
+    """Our Transformer with the weights of an HF safetensors directory, sharded on `mesh`;
+    `options`: `ModelConfig`'s non-architecture fields to build it with (`MODEL_OPTIONS`)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise MissingFileError(f"checkpoint directory {directory} does not exist")
-    cfg = load_hf_config(directory)
+    cfg = load_hf_config(directory).with_options(options)
     return load_model(
         cfg, SafetensorsSource(directory), mesh=mesh, param_dtype=param_dtype, where=str(directory)
     )

@@ -83,3 +83,32 @@ def test_policy_from_an_hf_hub_id_in_the_local_cache(policy_dir, tmp_path, monke
     with pytest.raises(MissingFileError, match=r"model 'spade-test/absent' is not in the "
                                                r"local Hugging Face cache .*hf download"):
         spade_jax.load_policy("spade-test/absent")
+
+
+def test_a_checkpoint_is_built_with_the_run_configs_model_options(policy_dir, tmp_path):
+    """The kernels and the experts' split come from the run config, not the checkpoint: an
+    MoE checkpoint loaded with moe_sharding=experts lays its experts out over 'tensor' (not
+    their hidden columns, the default split), as the split's forward reads them; the run's
+    loader passes every `MODEL_OPTIONS` field through."""
+    import jax
+
+    from spade_jax.config import PolicyConfig
+    from spade_jax.models.attention import DecodeAttention
+    from spade_jax.models.moe import MoeSharding
+    from spade_jax.sharding import make_mesh
+    from spade_jax.spade.runtime import load_model_and_tokenizer
+
+    moe_dir = write_tiny_checkpoint(Family.QWEN3_MOE, tmp_path / "moe")
+    mesh = make_mesh((1, 1, 2), jax.devices()[:2])
+    for split, expert_axis in ((MoeSharding.FFN, 3), (MoeSharding.EXPERTS, 1)):
+        model = load_hf_model(moe_dir, mesh=mesh, options={"moe_sharding": split})
+        assert model.cfg.moe_sharding is split
+        assert model.w_gate[...].sharding.spec[expert_axis] == "tensor", model.w_gate.sharding
+    with pytest.raises(ValueError, match=r"model options \['n_layers'\]"):
+        load_hf_model(moe_dir, options={"n_layers": 1})
+
+    run_model = PolicyConfig(source=str(policy_dir), decode_attention=DecodeAttention.RAGGED,
+                             moe_capacity_factor=1.5, moe_sharding=MoeSharding.EXPERTS)
+    model, _ = load_model_and_tokenizer(run_model, seed=0, mesh=mesh)
+    assert (model.cfg.decode_attention, model.cfg.moe_capacity_factor,
+            model.cfg.moe_sharding) == (DecodeAttention.RAGGED, 1.5, MoeSharding.EXPERTS)
