@@ -14,9 +14,9 @@ What runs depends on the call's shape and on `AttentionKernel`:
   window;
 - several queries against a KV cache (prefill, observation appends): an XLA online softmax
   over key blocks (`_flash_attention`), so no [B, H, chunk, S] float32 score matrix exists.
-The causal kernels cover the causal case only: splash's masks are static (a traced cache index
-cannot be its causal offset) and cuDNN would need a [B, 1, T, S] bias, so the cached shapes
-run the XLA paths on every backend.
+Splash and cuDNN cover the causal case only: splash's masks are static (a traced cache index
+cannot be its causal offset) and cuDNN would need a [B, 1, T, S] bias, so the extends run the
+XLA path on every backend.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ ATTENTION_QUERY_CHUNK = 512  # queries per score block (XLA paths)
 # the whole cache, as a decode step does, rather than in key blocks
 DECODE_QUERIES = 8
 ATTENTION_KEY_BLOCK = 512  # keys per online-softmax step (cached XLA path)
+RAGGED_MIN_BLOCK = 16  # the ragged decode's smallest key block (a bfloat16 tile's 16 rows)
 CAUSAL_BLOCKS = 8  # at most this many causal query blocks per layer (unrolled in its program)
 CAUSAL_MIN_BLOCK = 64  # smaller blocks cost more in matmul efficiency than their skipped keys
 SPLASH_LANES = 128  # splash block sizes must be multiples of the TPU's 128 lanes
@@ -81,16 +82,16 @@ class DecodeAttention(enum.StrEnum):
 
     def resolve(self, platform: str, layout: KVLayout, n_keys: int) -> DecodeAttention:
         """The concrete kernel on `platform` (the mesh's) for a `layout` cache of `n_keys`
-        slots. RAGGED needs the sequence-major cache and a window divisible by 16 slots (the
-        sampler's windows, 2^i or 1.5 * 2^i, from 32 slots); AUTO falls back to XLA without
-        them, an explicit RAGGED is refused."""
-        fits = layout is KVLayout.SEQUENCE_MAJOR and n_keys % 16 == 0
+        slots. RAGGED needs the sequence-major cache and a window divisible by
+        `RAGGED_MIN_BLOCK` slots (the sampler's windows, 2^i or 1.5 * 2^i, from 32 slots);
+        AUTO falls back to XLA without them, an explicit RAGGED is refused."""
+        fits = layout is KVLayout.SEQUENCE_MAJOR and n_keys % RAGGED_MIN_BLOCK == 0
         if self is DecodeAttention.AUTO:
             return DecodeAttention.RAGGED if platform == "tpu" and fits else DecodeAttention.XLA
         if self is DecodeAttention.RAGGED and not fits:
             raise ValueError(f"model.decode_attention='ragged' needs the sequence-major cache "
-                             f"and a window divisible by 16 slots, got {layout.value} over "
-                             f"{n_keys}; use 'xla' or 'auto'")
+                             f"and a window divisible by {RAGGED_MIN_BLOCK} slots, got "
+                             f"{layout.value} over {n_keys}; use 'xla' or 'auto'")
         return self
 
 

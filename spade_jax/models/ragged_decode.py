@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from spade_jax.models.attention import MASK_VALUE
+from spade_jax.models.attention import MASK_VALUE, RAGGED_MIN_BLOCK
 from spade_jax.sharding import MESH_AXES, fit_spec, kv_cache_axes
 
 RAGGED_KEY_BLOCK = 512  # keys per kernel step
@@ -32,10 +32,11 @@ RAGGED_KEY_BLOCK = 512  # keys per kernel step
 
 def ragged_block_size(n_keys: int, preferred: int = RAGGED_KEY_BLOCK) -> int:
     """Keys per step: the largest power of two up to `preferred` dividing `n_keys` (the
-    sampler's windows, 2^i or 1.5 * 2^i slots, always have one of at least 16)."""
+    sampler's windows, 2^i or 1.5 * 2^i slots, have one of at least `RAGGED_MIN_BLOCK`)."""
     block = min(1 << (preferred.bit_length() - 1), n_keys & -n_keys)
-    if block < 16:
-        raise ValueError(f"ragged decode needs a window divisible by 16 slots, got {n_keys}")
+    if block < RAGGED_MIN_BLOCK:
+        raise ValueError(f"ragged decode needs a window divisible by {RAGGED_MIN_BLOCK} slots, "
+                         f"got {n_keys}")
     return block
 
 
