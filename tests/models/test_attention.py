@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spade_jax.models import attention as attn
-from spade_jax.models.attention import AttentionKernel, SlotMask, attention
+from spade_jax.models.attention import AttentionKernel, DecodeAttention, SlotMask, attention
 
 
 def _close(actual, expected, tol=2e-5):
@@ -293,23 +293,28 @@ def test_kernel_choice(kernel, backend, dtype, expected):
     assert AttentionKernel(kernel).resolve(backend, dtype) is AttentionKernel(expected)
 
 
-def test_model_config_takes_the_kernel_from_the_run_config():
+@pytest.mark.parametrize(("key", "kind", "chosen", "refused"), [
+    ("attention", AttentionKernel, "splash", "flash"),
+    ("decode_attention", DecodeAttention, "ragged", "paged"),
+])
+def test_model_config_takes_the_kernel_from_the_run_config(key, kind, chosen, refused):
     from spade_jax.config import load_config_file, parse
     from spade_jax.defaults import base_config
     from spade_jax.errors import ConfigError
 
-    assert base_config().model.attention == "auto"
+    assert base_config().model[key] == "auto"
     cfg = load_config_file("tiny")
-    cfg.model.attention = "splash"
+    cfg.model[key] = chosen
     run = parse(cfg)
-    assert run.model.attention is AttentionKernel.SPLASH
-    assert run.model.arch.attention is AttentionKernel.SPLASH
-    cfg.model.attention = "flash"
-    with pytest.raises(ConfigError, match=r"model.attention='flash': use one of \('auto', 'xla', "
-                                          r"'splash', 'cudnn'\)"):
+    assert getattr(run.model, key) is kind(chosen)
+    assert getattr(run.model.arch, key) is kind(chosen)
+    cfg.model[key] = refused
+    choices = ", ".join(repr(k.value) for k in kind)
+    with pytest.raises(ConfigError, match=re.escape(f"model.{key}='{refused}': use one of "
+                                                    f"({choices})")):
         parse(cfg)
-    with pytest.raises(ValueError, match="attention='flash'"):
-        run.model.arch.replace(attention="flash")
+    with pytest.raises(ValueError, match=f"{key}='{refused}'"):
+        run.model.arch.replace(**{key: refused})
 
 
 @pytest.mark.parametrize("n_kv", [2, 4])  # fewer KV heads than 'tensor' ranks, and as many

@@ -109,19 +109,3 @@ def test_ragged_decode_refuses_what_it_cannot_run():
         ragged_block_size(24)
     assert [ragged_block_size(n) for n in (32, 96, 1536, 8192)] == [32, 32, 512, 512]
 
-
-def test_model_config_takes_the_decode_kernel_from_the_run_config():
-    from spade_jax.config import load_config_file, parse
-    from spade_jax.defaults import base_config
-    from spade_jax.errors import ConfigError
-
-    assert base_config().model.decode_attention == "auto"
-    cfg = load_config_file("tiny")
-    cfg.model.decode_attention = "ragged"
-    run = parse(cfg)
-    assert run.model.decode_attention is DecodeAttention.RAGGED
-    assert run.model.arch.decode_attention is DecodeAttention.RAGGED
-    cfg.model.decode_attention = "paged"
-    with pytest.raises(ConfigError, match=r"model.decode_attention='paged': use one of "
-                                          r"\('auto', 'xla', 'ragged'\)"):
-        parse(cfg)
