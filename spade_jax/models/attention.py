@@ -36,7 +36,7 @@ ATTENTION_QUERY_CHUNK = 512  # queries per score block (XLA paths)
 # the whole cache, as a decode step does, rather than in key blocks
 DECODE_QUERIES = 8
 ATTENTION_KEY_BLOCK = 512  # keys per online-softmax step (cached XLA path)
-RAGGED_MIN_BLOCK = 16  # the ragged decode's smallest key block (a bfloat16 tile's 16 rows)
+RAGGED_MIN_BLOCK = 16  # the ragged decode's smallest key block (a grid step per fewer keys)
 CAUSAL_BLOCKS = 8  # at most this many causal query blocks per layer (unrolled in its program)
 CAUSAL_MIN_BLOCK = 64  # smaller blocks cost more in matmul efficiency than their skipped keys
 SPLASH_LANES = 128  # splash block sizes must be multiples of the TPU's 128 lanes
@@ -78,7 +78,9 @@ class DecodeAttention(enum.StrEnum):
 
     AUTO = "auto"
     XLA = "xla"  # every row's queries against the whole window, one product
-    RAGGED = "ragged"  # Pallas, each row's key blocks up to its last query (interpreted off TPU)
+    # Pallas, each row's key blocks up to its last query (interpreted off TPU); a row's valid
+    # slots must be [0, n), as the sampler's are
+    RAGGED = "ragged"
 
     def resolve(self, platform: str, layout: KVLayout, n_keys: int) -> DecodeAttention:
         """The concrete kernel on `platform` (the mesh's) for a `layout` cache of `n_keys`
@@ -175,7 +177,8 @@ def attention(
         if decode_kernel is DecodeAttention.RAGGED:
             from spade_jax.models.ragged_decode import ragged_decode_sharded
 
-            out = ragged_decode_sharded(q, k, v, mask.kv_valid, mask.first_query_slot,
+            key_end = jnp.sum(mask.kv_valid, axis=1, dtype=jnp.int32)  # no gaps (RAGGED)
+            out = ragged_decode_sharded(q, k, v, key_end, mask.first_query_slot,
                                         interpret=platform != "tpu")
         else:
             out = _decode_block(q, k, v, mask.dense(q_len), layout)

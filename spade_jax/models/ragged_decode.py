@@ -11,7 +11,9 @@ interpreter runs it, for tests.
 
 The cache is `KVLayout.SEQUENCE_MAJOR` ([B, S, K, Dh], the TPU layout), read as it lies: a
 block holds every KV head's keys of its slots, [block, K, Dh] (viewing it as [B, S, K * Dh]
-instead made the TPU compiler copy the whole cache each step).
+instead made the TPU compiler copy the whole cache each step). A row's keys fill its slots
+[0, key_end) without gaps, as the sampler's do, so two numbers per row (its first query's
+slot and its key end) are the whole mask, read from scalar memory.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from jax.sharding import PartitionSpec as P
 from spade_jax.models.attention import MASK_VALUE, RAGGED_MIN_BLOCK
 from spade_jax.sharding import MESH_AXES, fit_spec, kv_cache_axes
 
-RAGGED_KEY_BLOCK = 512  # keys per kernel step
+# Keys per kernel step. Mosaic's compile time grows faster than the block (its per-head
+# strided loads unroll by slot); 128 keeps a kernel to seconds (docs/performance.md).
+RAGGED_KEY_BLOCK = 128
 
 
 def ragged_block_size(n_keys: int, preferred: int = RAGGED_KEY_BLOCK) -> int:
@@ -40,20 +44,25 @@ def ragged_block_size(n_keys: int, preferred: int = RAGGED_KEY_BLOCK) -> int:
     return block
 
 
-def live_key_block(step, first_slot, n_queries: int, block: int):
+def last_live_slot(first_slot, key_end, n_queries: int):
+    """The furthest slot any of a row's queries sees: its last query's, or its last key's."""
+    return jnp.minimum(first_slot + n_queries, key_end) - 1
+
+
+def live_key_block(step, last_slot, block: int):
     """The key block a row's grid `step` copies in: block `step` up to the one holding the
-    row's last query slot, that one again after it, so the pipeline copies nothing new."""
-    # lax.div truncates, the floor of these non-negative slots (a floor division lowers through
-    # a sign that Mosaic looks up for the device's generation)
-    return jnp.minimum(step, jax.lax.div(first_slot + n_queries - 1, block))
+    row's `last_live_slot`, that one again after it, so the pipeline copies nothing new."""
+    # lax.div truncates, the floor of these slots (a floor division lowers through a sign that
+    # Mosaic looks up for the device's generation); a row without keys (-1) reads block 0
+    return jnp.minimum(step, jax.lax.div(jnp.maximum(last_slot, 0), block))
 
 
-def _kernel(first_slot_ref, q_ref, k_ref, v_ref, valid_ref, out_ref, max_ref, sum_ref, acc_ref,
-            *, n_queries: int, block: int, head_dim: int):
+def _kernel(first_slot_ref, key_end_ref, q_ref, k_ref, v_ref, out_ref, max_ref, sum_ref,
+            acc_ref, *, n_queries: int, block: int, head_dim: int):
     """One (row, key block) step: fold the block into the row's running max, sum and output
     for every KV head, if any of the row's queries can see a key of it."""
     row, step = pl.program_id(0), pl.program_id(1)
-    first = first_slot_ref[row]
+    first, key_end = first_slot_ref[row], key_end_ref[row]
 
     @pl.when(step == 0)
     def _start():
@@ -61,7 +70,7 @@ def _kernel(first_slot_ref, q_ref, k_ref, v_ref, valid_ref, out_ref, max_ref, su
         sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    @pl.when(step * block <= first + n_queries - 1)
+    @pl.when(step * block <= last_live_slot(first, key_end, n_queries))
     def _fold_block():
         n_kv, n_rows = q_ref.shape[1], q_ref.shape[2]
         slot = step * block + jax.lax.broadcasted_iota(jnp.int32, (n_rows, block), 1)
@@ -69,8 +78,7 @@ def _kernel(first_slot_ref, q_ref, k_ref, v_ref, valid_ref, out_ref, max_ref, su
         # (unsigned: Mosaic lowers a signed remainder through the device's generation)
         query = jax.lax.rem(jax.lax.broadcasted_iota(jnp.uint32, (n_rows, block), 0),
                             jnp.uint32(n_queries))
-        query_slot = first + query.astype(jnp.int32)
-        visible = (slot <= query_slot) & (valid_ref[0] != 0)
+        visible = (slot <= first + query.astype(jnp.int32)) & (slot < key_end)
         for head in range(n_kv):
             scores = jax.lax.dot_general(
                 q_ref[0, head], k_ref[0, :, head, :], (((1,), (1,)), ((), ())),
@@ -93,39 +101,42 @@ def _kernel(first_slot_ref, q_ref, k_ref, v_ref, valid_ref, out_ref, max_ref, su
         out_ref[0] = (acc_ref[...] / jnp.where(total > 0, total, 1.0)).astype(out_ref.dtype)
 
 
-def ragged_decode(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array,
+def ragged_decode(q: jax.Array, k: jax.Array, v: jax.Array, key_end: jax.Array,
                   first_query_slot: jax.Array | int, *, interpret: bool,
                   key_block: int = RAGGED_KEY_BLOCK) -> jax.Array:
     """Attention of a decode step's queries q [B, K, G, C, Dh] over the sequence-major cache
-    k, v [B, S, K, Dh]: query c of row b sees the slots s <= first_query_slot[b] + c that
-    kv_valid [B, S] marks. Returns [B, K, G, C, Dh] (a query that sees no key gets zeros), as
-    `attention._decode_block` does, reading row b's key blocks only up to its last query.
-    `interpret`: run the Pallas interpreter (off TPU)."""
+    k, v [B, S, K, Dh] whose row b holds keys in its slots [0, key_end[b]) (the sampler's
+    cache: no gaps): query c of row b sees those up to slot first_query_slot[b] + c. Returns
+    [B, K, G, C, Dh] (a query that sees no key gets zeros), as `attention._decode_block` does,
+    reading row b's key blocks only up to its `last_live_slot`. `interpret`: run the Pallas
+    interpreter (off TPU)."""
     batch, n_kv, group, n_queries, head_dim = q.shape
     n_keys = k.shape[1]
-    first_query_slot = jnp.broadcast_to(jnp.asarray(first_query_slot, jnp.int32), (batch,))
+    rows = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.int32), (batch,))  # noqa: E731
     block = ragged_block_size(n_keys, key_block)
     n_rows = group * n_queries
-    live = lambda b, i, first: live_key_block(i, first[b], n_queries, block)  # noqa: E731
-    keys_spec = pl.BlockSpec((1, block, n_kv, head_dim), lambda b, i, f: (b, live(b, i, f), 0, 0))
-    valid_spec = pl.BlockSpec((1, 1, block), lambda b, i, f: (b, 0, live(b, i, f)))
-    rows_spec = pl.BlockSpec((1, n_kv, n_rows, head_dim), lambda b, i, f: (b, 0, 0, 0))
+
+    def live(b, i, first, end):
+        return live_key_block(i, last_live_slot(first[b], end[b], n_queries), block)
+
+    keys_spec = pl.BlockSpec((1, block, n_kv, head_dim),
+                             lambda b, i, *ends: (b, live(b, i, *ends), 0, 0))
+    rows_spec = pl.BlockSpec((1, n_kv, n_rows, head_dim), lambda b, i, *ends: (b, 0, 0, 0))
     stats = pltpu.VMEM((n_kv, n_rows, 1), jnp.float32)  # the running max, and sum, per query
     out = pl.pallas_call(
         functools.partial(_kernel, n_queries=n_queries, block=block, head_dim=head_dim),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(batch, n_keys // block),
-            in_specs=[rows_spec, keys_spec, keys_spec, valid_spec], out_specs=rows_spec,
+            num_scalar_prefetch=2, grid=(batch, n_keys // block),
+            in_specs=[rows_spec, keys_spec, keys_spec], out_specs=rows_spec,
             scratch_shapes=[stats, stats, pltpu.VMEM((n_kv, n_rows, head_dim), jnp.float32)]),
         out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(first_query_slot, q.reshape(batch, n_kv, n_rows, head_dim), k, v,
-      kv_valid.astype(jnp.int32)[:, None, :])
+    )(rows(first_query_slot), rows(key_end), q.reshape(batch, n_kv, n_rows, head_dim), k, v)
     return out.reshape(q.shape)
 
 
-def ragged_decode_sharded(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array,
+def ragged_decode_sharded(q: jax.Array, k: jax.Array, v: jax.Array, key_end: jax.Array,
                           first_query_slot: jax.Array | int, *, interpret: bool) -> jax.Array:
     """`ragged_decode` in a `shard_map` over the context mesh, split as the sampler splits the
     cache (`sharding.kv_cache_axes`: rows over the batch axes, KV heads over 'tensor' where
@@ -133,15 +144,15 @@ def ragged_decode_sharded(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: ja
     whole cache onto every device. Without a mesh it runs whole."""
     run = functools.partial(ragged_decode, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
-    first_query_slot = jnp.broadcast_to(jnp.asarray(first_query_slot, jnp.int32), q.shape[:1])
+    per_row = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.int32), q.shape[:1])  # noqa: E731
+    key_end, first_query_slot = per_row(key_end), per_row(first_query_slot)
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
-        return run(q, k, v, kv_valid, first_query_slot)
+        return run(q, k, v, key_end, first_query_slot)
     rows, heads = kv_cache_axes(k.shape[2], mesh.shape)
     queries = fit_spec(P(rows, heads), q.shape, mesh)
     cache = fit_spec(P(rows, None, heads), k.shape, mesh)
-    row_spec = P(cache[0])
     # check_vma=False: a Pallas call's outputs carry no varying-axes type; nothing inside
     # communicates
     return jax.shard_map(run, mesh=mesh, check_vma=False,
-                         in_specs=(queries, cache, cache, P(cache[0], None), row_spec),
-                         out_specs=queries)(q, k, v, kv_valid, first_query_slot)
+                         in_specs=(queries, cache, cache, P(cache[0]), P(cache[0])),
+                         out_specs=queries)(q, k, v, key_end, first_query_slot)
