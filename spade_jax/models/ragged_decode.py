@@ -4,9 +4,9 @@ The XLA decode (`attention._decode_block`) multiplies every row's queries with t
 window, and the window is the longest row's: in a continuous batch at pod scale (hundreds of
 conversations, 32k-slot windows) a short row pays for the longest one. This kernel walks the
 window in key blocks per row (grid: rows x blocks) with an online softmax, and for a row's
-blocks after its last query's slot it neither computes nor copies anything: their block index
-repeats the row's last live block, so Pallas' pipeline issues no new DMA for them. What a step
-reads then follows the rows' own lengths. On TPU it runs compiled (Mosaic); elsewhere the
+blocks after its last query's slot (or its last key, for a finished row) it neither computes
+nor copies anything: their block index repeats the row's last live block, so Pallas' pipeline
+issues no new DMA for them. What a step reads then follows the rows' own lengths. On TPU it runs compiled (Mosaic); elsewhere the
 interpreter runs it, for tests.
 
 The cache is `KVLayout.SEQUENCE_MAJOR` ([B, S, K, Dh], the TPU layout), read as it lies: a
