@@ -45,10 +45,14 @@ def _compiled_decode(layout, draft_tokens=0, decode_attention="auto"):
         "decode", BATCH, WINDOW, draft_tokens=draft_tokens).compile()
 
 
-def _decode_temp_and_cache_bytes(layout, draft_tokens=0):
-    memory = _compiled_decode(layout, draft_tokens).memory_analysis()
-    per_device_cache = CFG.n_layers * 2 * BATCH * WINDOW * CFG.n_kv_heads * CFG.head_dim * 2 / 4
-    return memory.temp_size_in_bytes, per_device_cache
+def _cache_bytes():
+    """One device's share of the bf16 cache over the v5p-8 mesh's 4 devices."""
+    return CFG.n_layers * 2 * BATCH * WINDOW * CFG.n_kv_heads * CFG.head_dim * 2 / 4
+
+
+def _decode_temp_and_cache_bytes(layout):
+    memory = _compiled_decode(layout).memory_analysis()
+    return memory.temp_size_in_bytes, _cache_bytes()
 
 
 def test_tpu_decode_keeps_the_sequence_major_cache_in_place():
@@ -58,21 +62,17 @@ def test_tpu_decode_keeps_the_sequence_major_cache_in_place():
     assert copied > 0.5 * cache, (copied, cache)  # the copies this layout exists to avoid
 
 
-def test_tpu_decode_with_drafts_keeps_the_cache_in_place_too():
-    """Each step writes a row's pending token and its 4 drafts (5 slots) from its own slot."""
-    temp, cache = _decode_temp_and_cache_bytes(KVLayout.SEQUENCE_MAJOR, draft_tokens=4)
-    assert temp < 0.25 * cache, (temp, cache)
-
-
-def test_tpu_decode_attends_with_the_ragged_kernel_and_no_score_matrix():
-    """On TPU the decode's attention is the Pallas ragged decode (model.decode_attention
-    auto), compiled by Mosaic, one call per layer; without the XLA decode's float32 scores
-    of every row against the whole window its temporaries are a fraction of that one's."""
+def test_tpu_decode_with_drafts_keeps_the_cache_in_place_and_attends_with_the_ragged_kernel():
+    """Each step writes a row's pending token and its 4 drafts (5 slots) from its own slot.
+    Its attention is the Pallas ragged decode (model.decode_attention auto), compiled by
+    Mosaic, one call per layer; without the XLA decode's float32 scores of every row against
+    the whole window its temporaries are a fraction of that one's."""
     ragged, xla = (_compiled_decode(KVLayout.SEQUENCE_MAJOR, 4, kind) for kind in ("auto", "xla"))
+    temps = [c.memory_analysis().temp_size_in_bytes for c in (ragged, xla)]
+    assert temps[0] < 0.25 * _cache_bytes(), (temps[0], _cache_bytes())
     calls = [text.count("custom_call_target=\"tpu_custom_call\"")
              for text in (ragged.as_text(), xla.as_text())]
     assert calls == [CFG.n_layers, 0], calls
-    temps = [c.memory_analysis().temp_size_in_bytes for c in (ragged, xla)]
     print(f"drafts decode temporaries, ragged / xla: {temps[0] / 2**20:.1f} / "
           f"{temps[1] / 2**20:.1f} MiB")
     assert temps[0] < 0.5 * temps[1], temps
