@@ -6,8 +6,8 @@ conversations, 32k-slot windows) a short row pays for the longest one. This kern
 window in key blocks per row (grid: rows x blocks) with an online softmax, and for a row's
 blocks after its last query's slot (or its last key, for a finished row) it neither computes
 nor copies anything: their block index repeats the row's last live block, so Pallas' pipeline
-issues no new DMA for them. What a step reads then follows the rows' own lengths. On TPU it runs compiled (Mosaic); elsewhere the
-interpreter runs it, for tests.
+issues no new DMA for them. What a step reads then follows the rows' own lengths. On TPU it
+runs compiled (Mosaic); elsewhere the interpreter runs it, for tests.
 
 The cache is `KVLayout.SEQUENCE_MAJOR` ([B, S, K, Dh], the TPU layout), read as it lies: a
 block holds every KV head's keys of its slots, [block, K, Dh] (viewing it as [B, S, K * Dh]
