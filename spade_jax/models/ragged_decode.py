@@ -102,17 +102,16 @@ def _kernel(first_slot_ref, key_end_ref, q_ref, k_ref, v_ref, out_ref, max_ref, 
 
 
 def ragged_decode(q: jax.Array, k: jax.Array, v: jax.Array, key_end: jax.Array,
-                  first_query_slot: jax.Array | int, *, interpret: bool,
+                  first_query_slot: jax.Array, *, interpret: bool,
                   key_block: int = RAGGED_KEY_BLOCK) -> jax.Array:
     """Attention of a decode step's queries q [B, K, G, C, Dh] over the sequence-major cache
     k, v [B, S, K, Dh] whose row b holds keys in its slots [0, key_end[b]) (the sampler's
-    cache: no gaps): query c of row b sees those up to slot first_query_slot[b] + c. Returns
-    [B, K, G, C, Dh] (a query that sees no key gets zeros), as `attention._decode_block` does,
-    reading row b's key blocks only up to its `last_live_slot`. `interpret`: run the Pallas
-    interpreter (off TPU)."""
+    cache: no gaps; both per-row arguments int32 [B]): query c of row b sees those up to slot
+    first_query_slot[b] + c. Returns [B, K, G, C, Dh] (a query that sees no key gets zeros),
+    as `attention._decode_block` does, reading row b's key blocks only up to its
+    `last_live_slot`. `interpret`: run the Pallas interpreter (off TPU)."""
     batch, n_kv, group, n_queries, head_dim = q.shape
     n_keys = k.shape[1]
-    rows = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.int32), (batch,))  # noqa: E731
     block = ragged_block_size(n_keys, key_block)
     n_rows = group * n_queries
 
@@ -132,7 +131,7 @@ def ragged_decode(q: jax.Array, k: jax.Array, v: jax.Array, key_end: jax.Array,
         out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(rows(first_query_slot), rows(key_end), q.reshape(batch, n_kv, n_rows, head_dim), k, v)
+    )(first_query_slot, key_end, q.reshape(batch, n_kv, n_rows, head_dim), k, v)
     return out.reshape(q.shape)
 
 
