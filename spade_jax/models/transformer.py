@@ -253,6 +253,13 @@ def tracing_each_layer():
         _shared_decoder_block = shared
 
 
+def block_tracing():
+    """How layers trace the decoder block now (the shared trace, or each its own within
+    `tracing_each_layer`): programs shared between samplers (`spade_jax.jit_cache`) are keyed
+    by it, since their traces depend on it."""
+    return _shared_decoder_block
+
+
 def unrolled_forward(
     model: Transformer,
     layer_params: list[dict[str, jax.Array]],

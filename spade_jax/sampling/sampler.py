@@ -58,8 +58,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from spade_jax.jit_cache import shared_jit, tree_key
 from spade_jax.models.kv_layout import KVLayout
-from spade_jax.models.transformer import Transformer
+from spade_jax.models.transformer import Transformer, block_tracing
 from spade_jax.sampling import programs
 from spade_jax.sampling.programs import (
     MIN_BUCKET,
@@ -115,6 +116,26 @@ class DecodeDots(enum.StrEnum):
         return None
 
 
+def _fused_decode_weights(graphdef, out_major: bool, state):
+    return programs.fused_decode_weights(nnx.merge(graphdef, state), out_major)
+
+
+def _kept_dtype(dtype, compute_dtype):
+    """The dtype a sampler keeps a weight of `dtype` in: `compute_dtype` for floating-point
+    weights (None: their own)."""
+    if compute_dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        return dtype
+    return compute_dtype
+
+
+def _cast_floats(state, compute_dtype):
+    return jax.tree.map(lambda a: a.astype(_kept_dtype(a.dtype, compute_dtype)), state)
+
+
+def _zero_cache(shapes: tuple[tuple, tuple], dtype, n_layers: int) -> list:
+    return [tuple(jnp.zeros(shape, dtype) for shape in shapes) for _ in range(n_layers)]
+
+
 class Sampler:
     """Owns the compiled extend/decode programs for one model on one mesh.
 
@@ -168,15 +189,23 @@ class Sampler:
         self.extend_emitter_tokens = extend_emitter_tokens
         self.graphdef, state = nnx.split(model)
         self._state_shardings = param_shardings(state, self.mesh)
-        self._prepare = jax.jit(
-            lambda s: programs.fused_decode_weights(nnx.merge(self.graphdef, s),
-                                                    self.decode_dots.out_major),
-            in_shardings=(self._state_shardings,),
-        )
-        self._cast = jax.jit(lambda s: jax.tree.map(lambda a: a.astype(self._dtype_for(a)), s),
-                             in_shardings=(self._state_shardings,),
-                             out_shardings=self._state_shardings)
-        self._jitted: dict = {}
+        state_key = tree_key(self._state_shardings)
+        # what determines every program of this sampler but its own name and static arguments
+        self._programs_key = (self.graphdef, self.mesh, state_key, self.kv_layout,
+                              self.max_top_k, self.decode_weights, self.decode_dots,
+                              self.fuse_weights, self.compute_dtype, self.reserved_bytes,
+                              self.extend_emitter_tokens)
+        self._prepare = shared_jit(
+            ("fused_decode_weights", self.graphdef, self.decode_dots, state_key),
+            lambda: jax.jit(partial(_fused_decode_weights, self.graphdef,
+                                    self.decode_dots.out_major),
+                            in_shardings=(self._state_shardings,)))
+        self._cast = shared_jit(
+            ("cast", self.compute_dtype, state_key),
+            lambda: jax.jit(partial(_cast_floats, compute_dtype=self.compute_dtype),
+                            in_shardings=(self._state_shardings,),
+                            out_shardings=self._state_shardings))
+        self._jitted: dict = {}  # this sampler's programs (shared with its likes: `shared_jit`)
         self._source: list | None = None  # the arrays last passed to set_params (immutable)
         self.set_params(state)
 
@@ -197,9 +226,7 @@ class Sampler:
 
     def _dtype_for(self, a):
         """The dtype the sampler keeps weight `a` (array or ShapeDtypeStruct) in."""
-        if self.compute_dtype is None or not jnp.issubdtype(a.dtype, jnp.floating):
-            return a.dtype
-        return self.compute_dtype
+        return _kept_dtype(a.dtype, self.compute_dtype)
 
     def set_params(self, state: nnx.State) -> None:
         """Use these weights, cast to `compute_dtype`, from now on (same structure as the
@@ -268,12 +295,13 @@ class Sampler:
         """Empty per-layer cache (see `_cache_shapes`) and its row lengths [B] (zeros)."""
         key = ("new_cache", batch, window, ())
         if key not in self._jitted:  # a fresh jit per call would recompile every time
-            k_shape, v_shape = self._cache_shapes(batch, window)
+            shapes = self._cache_shapes(batch, window)
             dtype = self.state["embed"][...].dtype
-            self._jitted[key] = jax.jit(
-                lambda: [(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype))
-                         for _ in range(self.cfg.n_layers)],
-                out_shardings=self._cache_shardings(batch, window))
+            shardings = self._cache_shardings(batch, window)
+            self._jitted[key] = shared_jit(
+                (*key, shapes, dtype, tree_key(shardings)),
+                lambda: jax.jit(partial(_zero_cache, shapes, dtype, self.cfg.n_layers),
+                                out_shardings=shardings))
         return self._jitted[key](), self.put_batch(np.zeros((batch,), np.int32))
 
     def program(self, name: str, batch: int, window: int, **static):
@@ -283,16 +311,17 @@ class Sampler:
         key = (name, batch, window, tuple(sorted(static.items())))
         if key in self._jitted:
             return self._jitted[key]
+        shared_key = (*key, self._programs_key, block_tracing())
         cache_sh = self._cache_shardings(batch, window)
         row = self.batch_sharding((batch,))
         mat = self.batch_sharding((batch, 2))
         scalar = NamedSharding(self.mesh, PartitionSpec())
         if name == "grow_layer":
-            self._jitted[key] = jax.jit(
+            self._jitted[key] = shared_jit(shared_key, lambda: jax.jit(
                 partial(programs.grow_layer, **static, layout=self.kv_layout),
                 in_shardings=cache_sh[0],
                 out_shardings=self._cache_shardings(batch, static["new_window"])[0],
-                compiler_options=self._compiler_options(name, batch, static))
+                compiler_options=self._compiler_options(name, batch, static)))
             return self._jitted[key]
         params = jax.tree.map(lambda a: a.sharding, self.fused_weights)
         head = (self._state_shardings, params, cache_sh)
@@ -321,10 +350,11 @@ class Sampler:
             in_sh = (*head, row, row, row, row, scalar, scalar, scalar, scalar, scalar, scalar,
                      scalar, row, *[mat] * lookup)
             out_sh = (cache_sh, (mat, mat, mat), row, row, scalar, scalar)
-        self._jitted[key] = jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
-                                    out_shardings=out_sh, donate_argnums=(2,),
-                                    compiler_options=self._compiler_options(name, batch,
-                                                                            static))
+        self._jitted[key] = shared_jit(
+            (*shared_key, tree_key(params)),
+            lambda: jax.jit(traced_in_mesh(fn, self.mesh), in_shardings=in_sh,
+                            out_shardings=out_sh, donate_argnums=(2,),
+                            compiler_options=self._compiler_options(name, batch, static)))
         return self._jitted[key]
 
     def _compiler_options(self, program: str, batch: int, static: dict) -> dict | None:
