@@ -90,7 +90,7 @@ def test_tpu_extend_keeps_the_cache_in_place():
     assert not copies, copies[:2]
 
 
-MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=8, n_heads=8, n_kv_heads=4,
+MOE = ModelConfig(vocab_size=512, d_model=1024, n_layers=4, n_heads=8, n_kv_heads=4,
                   head_dim=64, ffn_dim=512, qk_norm=True, n_experts=8, n_experts_per_tok=2,
                   expert_ffn_dim=2048, family="qwen3_moe")
 
@@ -101,8 +101,8 @@ def test_per_step_decode_weights_keep_the_gathered_experts_out_of_the_tpu_decode
     the layers' all-gathers of their experts over 'fsdp' out of the decode loop, so the loop's
     temporaries hold the gathered experts (half of them on a 'tensor' rank) of all the layers
     but one or two; per step it gathers them inside the loop, a layer ahead of their use, and
-    its temporaries hold about a third of them. (8 layers keep the compilations short; at 16
-    the resident share was larger and the per-step one about the same.)"""
+    its temporaries hold about one layer's. (4 layers keep the compilations short, half the
+    time of 8, where the shares were alike; at 16 the resident share was larger.)"""
     from spade_jax.sampling import DecodeWeights
 
     mesh = make_mesh((1, 4, 2), tpu_topology_devices("v5e-8"))
