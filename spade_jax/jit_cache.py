@@ -1,8 +1,8 @@
 """Jitted programs shared by every object of a process that would build the same one.
 
 `jax.jit` caches a program's traces and executables on the jitted function object, so two
-samplers (or trainers) of one model with the same settings, each jitting its own closure,
-trace, lower and compile (or load from the persistent cache) every program twice. Keyed by
+samplers of one model with the same settings, each jitting its own closure, would trace,
+lower and compile (or load from the persistent cache) every program twice. Keyed by
 everything that determines the jitted function and its shardings, `shared_jit` hands both
 the same function object: the second one's calls are in-memory cache hits. A new sampler for
 evaluation, a notebook cell run again, a test building its own sampler: none recompiles.
@@ -41,4 +41,3 @@ def tree_key(tree) -> tuple:
     """A hashable key of a pytree of hashable leaves (shardings): its structure and leaves."""
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple(leaves)
-
